@@ -1,0 +1,15 @@
+"""The ingredients of RL fine-tuning: pure functions over tensors, registered by group and name."""
+
+from components import advantage, kl, lam_schedule, lm_loss, loss_agg, policy_loss, registry, reward_shaping, value_loss
+
+__all__ = [
+    "advantage",
+    "kl",
+    "lam_schedule",
+    "lm_loss",
+    "loss_agg",
+    "policy_loss",
+    "registry",
+    "reward_shaping",
+    "value_loss",
+]

@@ -1,0 +1,175 @@
+"""Advantage estimators: per-token advantages ``[B, T]`` from rewards, values and group structure.
+
+Registered functions take their tensors positionally, named only from ``token_rewards``, ``values``,
+``mask``, ``scores``, ``group_index`` (the engine passes them by name). ``scores`` ``[B]`` is one
+scalar reward per response; ``token_rewards`` ``[B, T]`` is that score placed on the last real token
+minus any per-token KL penalty (see ``token_rewards``). Masked entries of every output are 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from components.masked import as_bool, masked_var, masked_whiten
+from components.registry import register
+
+
+def token_rewards(scores: Tensor, mask: Tensor, kl_penalty: Tensor | None = None) -> Tensor:
+    """``scores`` ``[B]`` on the last real token of each row, minus ``kl_penalty`` ``[B, T]`` -> ``[B, T]``.
+
+    ``kl_penalty`` is already multiplied by β (PPO-max / InstructGPT: r_t = score·[t = last] − β·KL_t).
+    """
+    real = as_bool(mask)
+    positions = torch.arange(real.shape[-1], device=real.device).expand_as(real)
+    last = torch.where(real, positions, -1).max(dim=-1).values  # -1 for a row without tokens
+    rewards = torch.zeros(real.shape, dtype=scores.dtype, device=scores.device)
+    rewards = torch.where(positions == last.unsqueeze(-1), scores.unsqueeze(-1), rewards)
+    if kl_penalty is not None:
+        rewards = rewards - kl_penalty
+    return _zero_padding(rewards, real)
+
+
+def whiten_and_clip(adv: Tensor, mask: Tensor, *, whiten: bool = True, clip: float | None = None) -> Tensor:
+    """PPO-max (arXiv 2307.04964) advantage normalisation: whiten over the batch, then clip to ±clip."""
+    if whiten:
+        adv = masked_whiten(adv, mask)
+    if clip is not None:
+        adv = adv.clamp(-clip, clip)
+    return _zero_padding(adv, as_bool(mask))
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
+    """1 − Var(R − V) / Var(R) over the real tokens (0-d tensor); 0 when Var(R) = 0 (nothing to explain).
+
+    cleanrl / SB3 return NaN for Var(R) = 0; 0 keeps logged metrics and their averages finite.
+    """
+    var_returns = masked_var(returns, mask, unbiased=False)
+    ratio = masked_var(returns - values, mask, unbiased=False) / var_returns.clamp(min=torch.finfo(returns.dtype).tiny)
+    return torch.where(var_returns > 0, 1 - ratio, torch.zeros_like(ratio)).detach()
+
+
+@register("advantage", "gae", ranges={"gamma": (0.0, 1.0), "lam": (0.0, 1.0)})
+def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0, lam: float | Tensor = 0.95):
+    """Generalised advantage estimation (Schulman et al. 2016, arXiv 1506.02438) -> (adv, returns).
+
+    ``token_rewards``, ``values``, ``mask``: ``[B, T]``; ``lam``: a float or a ``[B]`` tensor, one λ per
+    row (VC-PPO/VAPO decoupled and length-adaptive GAE). δ_t = r_t + γ·V_{t+1} − V_t and
+    A_t = δ_t + γλ·A_{t+1}, taken over real tokens only: padding is skipped and the value after the
+    last real token is 0 (no bootstrap). As in verl ``compute_gae_advantage_return``, the advantages
+    are raw (whitening is ``whiten_and_clip``) and ``returns = adv + values``. Both ``[B, T]``.
+    """
+    real = as_bool(mask)
+    token_rewards, values = token_rewards.detach(), values.detach()  # advantages are constants for the policy
+    lam = torch.as_tensor(lam, dtype=values.dtype, device=values.device).expand(real.shape[0])
+    next_value = torch.zeros(real.shape[0], dtype=values.dtype, device=values.device)
+    next_adv = torch.zeros_like(next_value)
+    adv = torch.zeros(real.shape, dtype=values.dtype, device=values.device)
+    for t in reversed(range(real.shape[-1])):
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        step_adv = delta + gamma * lam * next_adv
+        # a padded position passes the carry through unchanged
+        next_adv = torch.where(real[:, t], step_adv, next_adv)
+        next_value = torch.where(real[:, t], values[:, t], next_value)
+        adv[:, t] = next_adv
+    adv = _zero_padding(adv, real)
+    return adv, _zero_padding(adv + values, real)
+
+
+@register("advantage", "grpo", ranges={"eps": (0.0, 1.0)})
+def grpo(scores: Tensor, group_index: Tensor, mask: Tensor, *, norm_by_std: bool = True, eps: float = 1e-6) -> Tensor:
+    """GRPO outcome advantage (DeepSeekMath, arXiv 2402.03300) -> ``[B, T]``.
+
+    ``scores`` ``[B]``, ``group_index`` ``[B]`` (long; equal ids = responses to one prompt), ``mask``
+    ``[B, T]``. A = (s − group mean) / (group std + eps) with the unbiased std and eps = 1e-6, as verl
+    ``compute_grpo_outcome_advantage``; ``norm_by_std=False`` is Dr. GRPO (arXiv 2503.20783), no std
+    division. A singleton group gets its raw score (verl uses mean 0, std 1 there). The same value
+    goes on every real token of the response.
+    """
+    scores = _floating(scores)
+    mean, std, size = _group_stats(scores, group_index)
+    centred = scores - mean
+    adv = centred / (std + eps) if norm_by_std else centred
+    return _broadcast(torch.where(size > 1, adv, scores), mask)
+
+
+@register("advantage", "rloo")
+def rloo(scores: Tensor, group_index: Tensor, mask: Tensor) -> Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al., arXiv 2402.14740) -> ``[B, T]``.
+
+    A_i = s_i − mean of the other K − 1 scores of the group = K/(K − 1)·(s_i − group mean), as verl
+    ``compute_rloo_outcome_advantage``; no std normalisation. A singleton group gets its raw score.
+    """
+    scores = _floating(scores)
+    mean, _, size = _group_stats(scores, group_index)
+    adv = (scores - mean) * size / (size - 1).clamp(min=1)
+    return _broadcast(torch.where(size > 1, adv, scores), mask)
+
+
+@register("advantage", "reinforce_pp", ranges={"gamma": (0.0, 1.0)})
+def reinforce_pp(token_rewards: Tensor, mask: Tensor, *, gamma: float = 1.0) -> Tensor:
+    """REINFORCE++ (arXiv 2501.03262): discounted return-to-go per token, whitened over the batch.
+
+    ``token_rewards``, ``mask``: ``[B, T]`` -> ``[B, T]``. With the KL penalty folded into
+    ``token_rewards`` the return at t carries −β·Σ_{i≥t} KL_i, as in the paper. Whitening is verl's
+    ``masked_whiten`` over every real token of the batch (verl
+    ``compute_reinforce_plus_plus_outcome_advantage``).
+    """
+    return masked_whiten(_returns_to_go(token_rewards, mask, gamma), mask)
+
+
+@register("advantage", "reinforce_pp_baseline")
+def reinforce_pp_baseline(token_rewards: Tensor, group_index: Tensor, mask: Tensor) -> Tensor:
+    """REINFORCE++ with a group baseline (arXiv 2501.03262, k > 1 samples per prompt) -> ``[B, T]``.
+
+    G_t = Σ_{i≥t} r_i (γ = 1) minus b = the group mean of the sequence returns G_0 = Σ_t r_t, then
+    whitened over every real token of the batch. When ``token_rewards`` holds only the score (KL in
+    the loss, as the paper recommends) this equals OpenRLHF ``reinforce_baseline``: subtract the group
+    mean of the scores, compute returns, whiten globally. With KL folded into the reward, b here also
+    averages the KL sums (OpenRLHF averages the scores only). A singleton group has b = 0.
+    """
+    real = as_bool(mask)
+    returns = _returns_to_go(token_rewards, real, 1.0)
+    sequence_returns = torch.where(real, token_rewards.detach(), 0).sum(dim=-1)
+    baseline, _, size = _group_stats(sequence_returns, group_index)
+    baseline = torch.where(size > 1, baseline, torch.zeros_like(baseline))
+    return masked_whiten(returns - baseline.unsqueeze(-1), real)
+
+
+def _returns_to_go(token_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """G_t = r_t + γ·G_{t+1} over real tokens only (padding skipped, 0 after the last) -> ``[B, T]``."""
+    real = as_bool(mask)
+    token_rewards = token_rewards.detach()
+    running = torch.zeros(real.shape[0], dtype=token_rewards.dtype, device=token_rewards.device)
+    returns = torch.zeros(real.shape, dtype=token_rewards.dtype, device=token_rewards.device)
+    for t in reversed(range(real.shape[-1])):
+        running = torch.where(real[:, t], token_rewards[:, t] + gamma * running, running)
+        returns[:, t] = running
+    return _zero_padding(returns, real)
+
+
+def _group_stats(scores: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-row group mean, unbiased group std (0 for singletons) and group size, each ``[B]``."""
+    _, inverse, counts = torch.unique(group_index, return_inverse=True, return_counts=True)
+    scores = _floating(scores)
+    size = counts.to(scores.dtype)
+    sums = torch.zeros_like(size).index_add_(0, inverse, scores)
+    mean = (sums / size)[inverse]
+    squares = torch.zeros_like(size).index_add_(0, inverse, (scores - mean) ** 2)
+    std = (squares / (size - 1).clamp(min=1)).sqrt()[inverse]
+    return mean, std, size[inverse]
+
+
+def _broadcast(per_row: Tensor, mask: Tensor) -> Tensor:
+    """``[B]`` -> ``[B, T]``: the row's value on its real tokens, 0 on padding."""
+    real = as_bool(mask)
+    return _zero_padding(per_row.unsqueeze(-1).expand(real.shape), real)
+
+
+def _zero_padding(x: Tensor, real: Tensor) -> Tensor:
+    return torch.where(real, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _floating(x: Tensor) -> Tensor:
+    """Integer scores (0/1 verifiers) as the default float dtype."""
+    return x if x.is_floating_point() else x.to(torch.get_default_dtype())

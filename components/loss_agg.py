@@ -1,0 +1,47 @@
+"""How a ``[B, T]`` per-token loss becomes one scalar.
+
+The mode names follow verl ``core_algos.agg_loss`` (with ``_`` for ``-``). The choice matters:
+DAPO (arXiv 2503.14476) and VAPO (arXiv 2504.05118) use ``token_mean`` so long answers weigh by their
+tokens; GRPO (arXiv 2402.03300) uses ``seq_mean_token_mean``; Dr. GRPO (arXiv 2503.20783) uses
+``seq_mean_token_sum_norm``.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from components.masked import masked_count, masked_sum
+from components.registry import register
+
+MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+
+
+@register("loss_agg", "aggregate", choices={"mode": MODES})
+def aggregate(per_token: Tensor, mask: Tensor, *, mode: str = "token_mean") -> Tensor:
+    """Aggregate ``per_token`` ``[B, T]`` over the real tokens ``mask`` ``[B, T]`` -> 0-d tensor.
+
+    L = per-token loss, m = mask, T = ``mask.shape[-1]``:
+
+    - ``token_mean``: ΣLm / Σm.
+    - ``seq_mean_token_mean``: mean over rows of (Σ_t Lm / Σ_t m).
+    - ``seq_mean_token_sum``: mean over rows of Σ_t Lm.
+    - ``seq_mean_token_sum_norm``: ΣLm / (B·T), Dr. GRPO's constant normaliser (as in its code,
+      ``understand-r1-zero``; verl divides by T only, which differs by the constant B).
+
+    Rows without a real token (batch padding) are left out of the two ``seq_mean`` means, so padding
+    never changes a result; an empty mask gives 0, never NaN.
+    """
+    if mode == "token_mean":
+        return masked_sum(per_token, mask) / masked_count(mask).clamp(min=1)
+    if mode == "seq_mean_token_sum_norm":
+        return masked_sum(per_token, mask) / max(mask.numel(), 1)
+    row_tokens = masked_count(mask, dim=-1)
+    row_sums = masked_sum(per_token, mask, dim=-1)
+    if mode == "seq_mean_token_mean":
+        row_losses = row_sums / row_tokens.clamp(min=1)
+    elif mode == "seq_mean_token_sum":
+        row_losses = row_sums
+    else:
+        raise ValueError(f"loss_agg.mode={mode!r} is not valid (valid: {', '.join(MODES)})")
+    real_rows = row_tokens > 0
+    return masked_sum(row_losses, real_rows) / masked_count(real_rows).clamp(min=1)

@@ -1,0 +1,60 @@
+"""Masked reductions over ``[B, T]`` tensors: only entries where ``mask`` is true count.
+
+Conventions follow verl ``verl/utils/torch_functional.py`` (``masked_mean``, ``masked_var``,
+``masked_whiten``): the variance is unbiased (Bessel-corrected) and whitening divides by
+``sqrt(var + eps)`` with ``eps = 1e-8``. Two deliberate differences: masked entries are dropped with
+``torch.where`` (so NaN/inf garbage in padding cannot leak through ``0 * nan``), and an empty or
+single-entry mask returns a finite value instead of raising.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def as_bool(mask: Tensor) -> Tensor:
+    """``mask`` as a bool tensor (0/1 float or bool in)."""
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Σ x over entries where ``mask`` is true; ``x``, ``mask``: same shape (e.g. ``[B, T]``)."""
+    zeros = torch.zeros((), dtype=x.dtype, device=x.device)
+    kept = torch.where(as_bool(mask), x, zeros)
+    return kept.sum() if dim is None else kept.sum(dim=dim)
+
+
+def masked_count(mask: Tensor, dim: int | None = None) -> Tensor:
+    """Number of true entries of ``mask`` (float), over ``dim`` or all."""
+    m = as_bool(mask).float()
+    return m.sum() if dim is None else m.sum(dim=dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Σ x·m / Σ m over ``dim`` (all entries if None); 0 where the mask is empty."""
+    count = masked_count(mask, dim).to(x.dtype)
+    return masked_sum(x, mask, dim) / count.clamp(min=1)
+
+
+def masked_var(x: Tensor, mask: Tensor, *, unbiased: bool = True) -> Tensor:
+    """Variance of the masked entries of ``x`` (a 0-d tensor); unbiased as in verl, 0 for < 2 entries."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    count = masked_count(mask).to(x.dtype)
+    if unbiased:
+        var = torch.where(count > 1, var * count / (count - 1).clamp(min=1), var)
+    return var
+
+
+def masked_whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """``(x − mean) / sqrt(var + eps)`` over the masked entries of ``x`` (verl ``masked_whiten``).
+
+    With ``shift_mean=False`` the mean is added back (only the scale changes). Masked entries come
+    back as 0. ``x``, ``mask``: ``[B, T]``; returns ``[B, T]``.
+    """
+    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(as_bool(mask), whitened, torch.zeros((), dtype=x.dtype, device=x.device))

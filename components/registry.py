@@ -1,0 +1,134 @@
+"""One registry for every ingredient: ``group -> name -> function``.
+
+A component is a pure function; tensors are positional, hyperparameters keyword-only with defaults
+from the papers. ``conf/<group>/<name>.yaml`` holds ``name: <name>`` plus those hyperparameters and,
+for some groups, *wiring keys* that tell the engine where the function plugs in (a coefficient, a
+placement). ``validate`` checks a YAML block against the signature so a typo fails before a run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+_FUNCTIONS: dict[str, dict[str, Callable]] = {}
+_RANGES: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
+_CHOICES: dict[tuple[str, str], dict[str, tuple]] = {}
+
+# Keys a group's YAML may carry besides the function's hyperparameters; the engine reads them.
+WIRING_KEYS: dict[str, frozenset[str]] = {
+    "advantage": frozenset({"whiten", "clip"}),  # PPO-max: whiten over the batch, then clip to ±clip
+    "lam_schedule": frozenset({"critic_lam"}),  # λ of the value targets; null = the policy's λ
+    "kl": frozenset({"coef", "placement"}),  # β, and "reward" (per token) or "loss"
+    "lm_loss": frozenset({"coef"}),  # μ in L = L_policy + μ·L_lm
+    "policy_loss": frozenset({"entropy_coef"}),  # entropy bonus: L -= entropy_coef · H
+    "value_loss": frozenset({"coef"}),
+    "reward_shaping": frozenset(),
+    "loss_agg": frozenset(),
+}
+
+
+# Keyword parameters the engine fills in from another group; setting them in this group's YAML is a mistake.
+ENGINE_SUPPLIED: dict[str, dict[str, str]] = {
+    "advantage": {"lam": "lam_schedule (lam_schedule.policy_lam, lam_schedule.alpha)"},
+    "policy_loss": {"agg": "loss_agg.mode"},
+    "value_loss": {"agg": "loss_agg.mode"},
+}
+
+
+class RegistryError(ValueError):
+    """A config names a component or hyperparameter that does not exist or is out of range."""
+
+
+def register(
+    group: str,
+    name: str,
+    *,
+    ranges: dict[str, tuple[float, float]] | None = None,
+    choices: dict[str, tuple] | None = None,
+) -> Callable[[Callable], Callable]:
+    """Register ``fn`` as ``group/name``; ``ranges`` are inclusive bounds, ``choices`` allowed values."""
+
+    def decorate(fn: Callable) -> Callable:
+        members = _FUNCTIONS.setdefault(group, {})
+        if name in members:
+            raise ValueError(f"{group}/{name} is registered twice ({members[name].__module__} and {fn.__module__})")
+        members[name] = fn
+        _RANGES[group, name] = dict(ranges or {})
+        _CHOICES[group, name] = dict(choices or {})
+        return fn
+
+    return decorate
+
+
+def groups() -> list[str]:
+    return sorted(_FUNCTIONS)
+
+
+def names(group: str) -> list[str]:
+    if group not in _FUNCTIONS:
+        raise RegistryError(f"unknown component group '{group}' (valid: {', '.join(groups())})")
+    return sorted(_FUNCTIONS[group])
+
+
+def get(group: str, name: str) -> Callable:
+    valid = names(group)
+    if name not in valid:
+        raise RegistryError(f"unknown {group} '{name}' (valid: {', '.join(valid)})")
+    return _FUNCTIONS[group][name]
+
+
+def hyperparameters(group: str, name: str) -> dict[str, Any]:
+    """The keyword-only parameters of ``group/name`` with their defaults."""
+    params = inspect.signature(get(group, name)).parameters.values()
+    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def split(group: str, block: dict[str, Any]) -> tuple[Callable, dict[str, Any], dict[str, Any]]:
+    """A config block ``{name, **hparams, **wiring}`` -> (function, hyperparameters, wiring keys)."""
+    wiring_keys = WIRING_KEYS.get(group, frozenset())
+    hparams = {k: v for k, v in block.items() if k != "name" and k not in wiring_keys}
+    wiring = {k: v for k, v in block.items() if k in wiring_keys}
+    return get(group, block["name"]), hparams, wiring
+
+
+def validate(group: str, block: dict[str, Any]) -> None:
+    """Raise ``RegistryError`` (one line naming ``group.key``) if ``block`` does not fit the signature."""
+    if "name" not in block:
+        raise RegistryError(f"{group}.name is missing (valid: {', '.join(names(group))})")
+    fn, hparams, _ = split(group, block)
+    name = block["name"]
+    signature = hyperparameters(group, name)
+    for key, value in hparams.items():
+        if key in ENGINE_SUPPLIED.get(group, {}):
+            raise RegistryError(f"{group}.{key} is set by {ENGINE_SUPPLIED[group][key]}, not by {group}")
+        if key not in signature:
+            valid = sorted(set(signature) | WIRING_KEYS.get(group, frozenset()))
+            raise RegistryError(f"{group}.{key} is not a hyperparameter of {group}/{name} (valid: {', '.join(valid)})")
+        _check_type(f"{group}.{key}", value, signature[key])
+        low_high = _RANGES[group, name].get(key)
+        if low_high and value is not None and not low_high[0] <= value <= low_high[1]:
+            raise RegistryError(f"{group}.{key}={value} is out of range (valid: {_show_range(low_high)})")
+        allowed = _CHOICES[group, name].get(key)
+        if allowed and value not in allowed:
+            raise RegistryError(f"{group}.{key}={value!r} is not valid (valid: {', '.join(map(str, allowed))})")
+
+
+def _check_type(key: str, value: Any, default: Any) -> None:
+    if default is None or default is inspect.Parameter.empty or value is None:
+        return
+    expected = type(default)
+    ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    if not ok:
+        raise RegistryError(f"{key}={value!r} has the wrong type (valid: {expected.__name__})")
+
+
+def _show_range(low_high: tuple[float, float]) -> str:
+    low, high = low_high
+    if math.isinf(high):
+        return f">= {low}"
+    return f"{low} to {high}"

@@ -1,0 +1,65 @@
+"""Reward shaping on the scalar scores, before they become token rewards (PPO-max, arXiv 2307.04964).
+
+Running statistics live in an explicit ``state`` dict of tensors that the caller keeps between
+steps (``{}`` at first), so the functions stay pure: ``fn(scores [B], state) -> (shaped [B], new_state)``.
+The moments follow MOSS-RLHF's ``RunningMoments`` (PPO-max's code, after trlx/SB3): update with the
+batch first, then shape that batch with the updated mean and the unbiased std of every score seen.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from components.registry import register
+
+
+def update_moments(scores: Tensor, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Merge the batch ``scores`` ``[B]`` into ``state`` {count, mean, m2} (Chan et al.'s parallel Welford)."""
+    batch = scores.detach().to(torch.float64).flatten()
+    count = state.get("count", batch.new_zeros(()))
+    mean = state.get("mean", batch.new_zeros(()))
+    m2 = state.get("m2", batch.new_zeros(()))
+    n = batch.numel()
+    if n == 0:
+        return {"count": count, "mean": mean, "m2": m2}
+    batch_mean = batch.mean()
+    batch_m2 = ((batch - batch_mean) ** 2).sum()
+    total = count + n
+    delta = batch_mean - mean
+    return {"count": total, "mean": mean + delta * n / total, "m2": m2 + batch_m2 + delta**2 * count * n / total}
+
+
+def running_std(state: dict[str, Tensor], eps: float) -> Tensor:
+    """Unbiased std of all scores seen; 1 while it is undefined (< 2 scores) or ≤ eps (all scores equal)."""
+    count, m2 = state["count"], state["m2"]
+    std = (m2 / (count - 1).clamp(min=1)).sqrt()
+    return torch.where((count > 1) & (std > eps), std, torch.ones_like(std))
+
+
+@register("reward_shaping", "none")
+def none(scores: Tensor, state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    """Identity: scores ``[B]`` unchanged, state passed through."""
+    return scores, state
+
+
+@register("reward_shaping", "scale", ranges={"eps": (0.0, 1.0)})
+def scale(scores: Tensor, state: dict[str, Tensor], *, eps: float = 1e-8) -> tuple[Tensor, dict[str, Tensor]]:
+    """Reward scaling r / σ_running (PPO-max): no mean shift, since advantages are normalised later."""
+    state = update_moments(scores, state)
+    return (scores / running_std(state, eps)).to(scores.dtype), state
+
+
+@register("reward_shaping", "normalize_clip", ranges={"clip": (0.0, math.inf), "eps": (0.0, 1.0)})
+def normalize_clip(
+    scores: Tensor, state: dict[str, Tensor], *, clip: float = 10.0, eps: float = 1e-8
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Reward normalisation and clipping, clip((r − r̄)/σ, −clip, clip) with running r̄, σ (PPO-max).
+
+    ``clip = 10`` is the ``reward_clip`` default of MOSS-RLHF's ``config_ppo.py`` (the paper gives no value).
+    """
+    state = update_moments(scores, state)
+    normalised = (scores - state["mean"]) / running_std(state, eps)
+    return normalised.clamp(-clip, clip).to(scores.dtype), state

@@ -1,0 +1,1 @@
+"""Hydra config groups of rlx, shipped inside the wheel as ``rlx_cli.conf``."""

@@ -1,0 +1,1 @@
+"""rlx: the CLI and the engine (compose → validate → build → loop → track)."""

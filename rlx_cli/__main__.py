@@ -1,0 +1,3 @@
+from rlx_cli.cli import main
+
+main()

@@ -1,0 +1,129 @@
+"""The built-in base model: a tiny Llama with a character tokenizer, supervised-trained once and cached.
+
+The cache key is a hash of everything that makes the checkpoint (architecture, SFT settings, task range), so
+changing any of them trains a new base; ``$RLX_HOME`` (default ``~/.cache/rlx``) holds them as
+``base/tiny-<hash>/`` in ``save_pretrained`` format (safetensors), written to a temp dir and renamed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+CHARS = "0123456789+=,#:"
+SPECIAL = ["<pad>", "<s>", "</s>"]
+VOCAB_SIZE = 20  # 18 symbols, rounded up
+
+
+def rlx_home() -> Path:
+    return Path(os.environ.get("RLX_HOME", Path.home() / ".cache" / "rlx"))
+
+
+def char_tokenizer():
+    """A ``PreTrainedTokenizerFast`` with one token per character and BOS prepended."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + list(CHARS))}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<pad>"
+    )
+
+
+def cache_key(model_cfg: DictConfig, task_cfg: DictConfig) -> str:
+    recipe = {
+        "arch": OmegaConf.to_container(model_cfg.arch),
+        "sft": OmegaConf.to_container(model_cfg.sft),
+        "task": {k: task_cfg[k] for k in ("name", "min_terms", "max_terms")},
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def ensure_base_model(model_cfg: DictConfig, task_cfg: DictConfig, task, progress) -> Path:
+    """The cached base model's directory, training it first if it is not there yet."""
+    target = rlx_home() / "base" / f"tiny-{cache_key(model_cfg, task_cfg)}"
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f"{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel sweep workers: one trains, the others wait
+        if not (target / "config.json").exists():
+            _train_and_save(model_cfg, task_cfg, task, target, progress)
+    return target
+
+
+def _train_and_save(model_cfg, task_cfg, task, target: Path, progress) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    sft = model_cfg.sft
+    tokenizer = char_tokenizer()
+    torch.manual_seed(sft.seed)
+    config = LlamaConfig(
+        **OmegaConf.to_container(model_cfg.arch),
+        vocab_size=VOCAB_SIZE,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        max_position_embeddings=128,
+    )
+    model = LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _warmup_cosine(s, sft.warmup_steps, sft.steps))
+    rng = random.Random(sft.seed)
+    start = time.perf_counter()
+    with progress.task("building the base model (first run only)", total=sft.steps) as advance:
+        for _ in range(sft.steps):
+            loss = sft_loss(model, tokenizer, task.sft_examples(sft.batch_size, carry_drop=sft.carry_drop, rng=rng))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            advance(loss=loss.item())
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "rlx_sft.json").write_text(
+        json.dumps({"final_loss": loss.item(), "seconds": time.perf_counter() - start, **OmegaConf.to_container(sft)})
+    )
+    try:
+        tmp.rename(target)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _warmup_cosine(step: int, warmup: int, total: int) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def sft_loss(model, tokenizer, examples: list[tuple[str, str]]) -> torch.Tensor:
+    """Next-token cross-entropy on response tokens (+ EOS) only; right-padded batch."""
+    prompts = tokenizer([p for p, _ in examples])["input_ids"]
+    responses = tokenizer([r for _, r in examples], add_special_tokens=False)["input_ids"]
+    rows = [p + r + [tokenizer.eos_token_id] for p, r in zip(prompts, responses)]
+    width = max(map(len, rows))
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    labels = torch.full((len(rows), width), -100)
+    for i, (p, row) in enumerate(zip(prompts, rows)):
+        input_ids[i, : len(row)] = torch.tensor(row)
+        labels[i, len(p) : len(row)] = torch.tensor(row[len(p) :])
+    # right padding under a causal mask cannot affect earlier tokens, so no attention mask is needed
+    return model(input_ids=input_ids, labels=labels).loss

@@ -1,0 +1,83 @@
+"""Step 3 of a run: build everything the loop needs from the validated config."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlx_cli.models import Models, build_models
+from rlx_cli.rollout import HFSampler
+from rlx_cli.tasks import build_task
+
+
+@dataclass
+class Component:
+    """A registered function with its hyperparameters and the engine's wiring keys."""
+
+    fn: Callable
+    hparams: dict[str, Any]
+    wiring: dict[str, Any]
+
+    def __call__(self, tensors: dict[str, Any], **engine_kwargs):
+        """Call ``fn`` with the tensors its positional parameters name; ``engine_kwargs`` only if it takes them."""
+        params = inspect.signature(self.fn).parameters.values()
+        args = [tensors[p.name] for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        accepted = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        return self.fn(*args, **self.hparams, **{k: v for k, v in engine_kwargs.items() if k in accepted})
+
+    def takes(self, name: str) -> bool:
+        return name in inspect.signature(self.fn).parameters
+
+
+@dataclass
+class Parts:
+    models: Models
+    task: Any
+    sampler: HFSampler
+    components: dict[str, Component]
+    policy_optimizer: torch.optim.Optimizer
+    policy_schedule: torch.optim.lr_scheduler.LRScheduler
+    critic_optimizer: torch.optim.Optimizer | None
+
+
+def components_of(cfg: DictConfig) -> dict[str, Component]:
+    from components import registry
+
+    return {
+        group: Component(*registry.split(group, OmegaConf.to_container(cfg[group], resolve=True)))
+        for group in registry.WIRING_KEYS
+    }
+
+
+def build(cfg: DictConfig, progress) -> Parts:
+    from transformers.utils import logging as hf_logging
+
+    from rlx_cli.base_model import ensure_base_model
+
+    hf_logging.disable_progress_bar()  # our own bars say what is happening
+    hf_logging.set_verbosity_error()
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    task = build_task(cfg.task)
+    path = Path(cfg.model.path) if cfg.model.path else ensure_base_model(cfg.model, cfg.task, task, progress)
+    components = components_of(cfg)
+    needs_critic = components["advantage"].takes("values")
+    torch.manual_seed(cfg.seed)
+    models = build_models(path, cfg.model, needs_critic=needs_critic, critic_cfg=cfg.critic)
+    policy_params = [p for p in models.policy.parameters() if p.requires_grad]
+    policy_optimizer = adamw(policy_params, cfg.trainer.lr, cfg.trainer)
+    warmup = max(1, cfg.trainer.warmup_steps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(policy_optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    critic_optimizer = adamw(models.critic.parameters(), cfg.critic.lr, cfg.trainer) if models.critic else None
+    sampler = HFSampler(models.tokenizer, top_p=cfg.rollout.top_p)
+    return Parts(models, task, sampler, components, policy_optimizer, schedule, critic_optimizer)
+
+
+def adamw(params, lr: float, trainer: DictConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(list(params), lr=lr, betas=tuple(trainer.betas), weight_decay=trainer.weight_decay)

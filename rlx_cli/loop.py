@@ -1,0 +1,229 @@
+"""Steps 4–5 of a run: value pretraining, then the RL loop. Reads top to bottom, like DESIGN.md's flow."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from omegaconf import DictConfig
+
+from components import advantage as adv_lib
+from components.loss_agg import aggregate
+from components.masked import masked_mean
+from rlx_cli.build import Parts
+from rlx_cli.models import evaluating, response_logp
+from rlx_cli.rollout import Rollout
+
+
+def train(cfg: DictConfig, parts: Parts, tracker, progress) -> dict[str, float]:
+    """Run ``cfg.trainer.steps`` RL steps; returns the final metrics."""
+    models, task, sampler, comp = parts.models, parts.task, parts.sampler, parts.components
+    policy, critic = models.policy, models.critic
+    rollout_cfg, trainer = cfg.rollout, cfg.trainer
+    agg_mode = comp["loss_agg"].hparams["mode"]
+    kl, shaping_state, last = comp["kl"], {}, {}
+
+    if critic is not None and cfg.value_pretrain.steps > 0:
+        pretrain_value(cfg, parts, tracker, progress)
+    last.update(evaluate(cfg, parts))
+    tracker.log_metrics(last, step=0)
+    progress.note(f"step 0: {summary(last)}")
+
+    with progress.task("RL", total=trainer.steps) as advance:
+        for step in range(1, trainer.steps + 1):
+            started = time.perf_counter()
+            # 1. sample prompts_per_step prompts x group_size responses
+            problems = task.train_problems(rollout_cfg.prompts_per_step, seed=cfg.seed, step=step)
+            problems = [p for p in problems for _ in range(rollout_cfg.group_size)]
+            group_index = torch.arange(rollout_cfg.prompts_per_step).repeat_interleave(rollout_cfg.group_size)
+            batch = sampler.generate(
+                policy,
+                [p.prompt for p in problems],
+                temperature=rollout_cfg.temperature,
+                max_new_tokens=rollout_cfg.max_new_tokens,
+            )
+            mask = batch.response_mask
+            generated = time.perf_counter()
+
+            # 2. score (and shape) the responses
+            scores = torch.tensor([task.score(text, p) for text, p in zip(batch.texts, problems)])
+            shaped, shaping_state = comp["reward_shaping"]({"scores": scores, "state": shaping_state})
+
+            # 3. old and reference log-probs, values
+            with torch.no_grad(), evaluating(policy):
+                old_logp, _ = response_logp(policy, batch, rollout_cfg.temperature)
+                with models.reference_context():
+                    ref_logp, _ = response_logp(models.reference_model, batch, rollout_cfg.temperature)
+                values = critic(batch) if critic is not None else None
+
+            # 4. token rewards: the score at the last token, minus β·KL per token when KL sits in the reward
+            kl_tokens = kl({"logp": old_logp, "ref_logp": ref_logp})
+            in_reward = kl.wiring["placement"] == "reward"
+            kl_penalty = kl.wiring["coef"] * kl_tokens if in_reward else None
+            token_rewards = adv_lib.token_rewards(shaped, mask, kl_penalty)
+
+            # 5. one λ per row for the advantages, and the critic's λ for its targets
+            lengths = mask.sum(1)
+            policy_lam = comp["lam_schedule"]({"lengths": lengths})
+            critic_lam = comp["lam_schedule"].wiring.get("critic_lam")
+
+            # 6. advantages (and value targets)
+            tensors = {
+                "token_rewards": token_rewards,
+                "values": values,
+                "mask": mask,
+                "scores": shaped,
+                "group_index": group_index,
+            }
+            advantages = comp["advantage"](tensors, lam=policy_lam)
+            returns = None
+            if isinstance(advantages, tuple):
+                advantages, returns = advantages
+            if values is not None and critic_lam is not None:
+                gamma = comp["advantage"].hparams.get("gamma", 1.0)
+                _, returns = adv_lib.gae(token_rewards, values, mask, gamma=gamma, lam=critic_lam)
+            adv_first_tokens = float(masked_mean(advantages[:, :3], mask[:, :3]))  # raw: VC-PPO's bias shows here
+            advantages = adv_lib.whiten_and_clip(advantages, mask, **comp["advantage"].wiring)
+
+            # 7. minibatch epochs: policy loss (+ KL in loss, entropy bonus, LM loss); value loss
+            positive = scores > 0
+            update = update_step(cfg, parts, batch, old_logp, ref_logp, advantages, positive, values, returns, agg_mode)
+            parts.policy_schedule.step()
+            finished = time.perf_counter()
+
+            # 8. log, evaluate
+            metrics = {
+                "train/reward": scores.mean().item(),
+                "train/kl": float(masked_mean(kl_tokens, mask)),
+                "train/response_len": lengths.float().mean().item(),
+                "train/adv_first_tokens": adv_first_tokens,
+                "train/policy_lam": policy_lam.float().mean().item(),
+                "perf/step_s": finished - started,
+                "perf/generate_s": generated - started,
+                "perf/tokens_per_s": lengths.sum().item() / (finished - started),
+                **update,
+            }
+            if trainer.eval_every and step % trainer.eval_every == 0 or step == trainer.steps:
+                metrics.update(evaluate(cfg, parts))
+                progress.note(f"step {step}: {summary(metrics)}")
+            tracker.log_metrics(metrics, step=step)
+            last.update(metrics)
+            advance(reward=metrics["train/reward"], acc=last["eval/accuracy"])
+    return last
+
+
+def update_step(
+    cfg, parts: Parts, batch: Rollout, old_logp, ref_logp, advantages, positive, old_values, returns, agg_mode: str
+) -> dict[str, float]:
+    """``trainer.epochs`` passes of ``trainer.minibatches`` optimizer steps; -> mean train/* metrics."""
+    comp, policy, critic = parts.components, parts.models.policy, parts.models.critic
+    kl, lm, pl = comp["kl"], comp["lm_loss"], comp["policy_loss"]
+    kl_in_loss = kl.wiring["placement"] == "loss" and kl.wiring["coef"] > 0
+    totals: dict[str, float] = {}
+    count = 0
+    for _ in range(cfg.trainer.epochs):
+        for rows in torch.randperm(batch.responses.shape[0]).chunk(cfg.trainer.minibatches):
+            mb, mask = batch.select(rows), batch.response_mask[rows]
+            logp, entropy = response_logp(policy, mb, cfg.rollout.temperature, with_entropy=True)
+            tensors = {
+                "logp": logp,
+                "old_logp": old_logp[rows],
+                "advantages": advantages[rows],
+                "mask": mask,
+                "ref_logp": ref_logp[rows],
+                "positive": positive[rows],
+            }
+            pg_loss, pg_metrics = pl(tensors, agg=agg_mode)
+            entropy_mean = aggregate(entropy, mask, mode=agg_mode)
+            loss = pg_loss - pl.wiring.get("entropy_coef", 0.0) * entropy_mean
+            if kl_in_loss:
+                loss = loss + kl.wiring["coef"] * aggregate(kl(tensors), mask, mode=agg_mode)
+            if lm.wiring["coef"] > 0:
+                loss = loss + lm.wiring["coef"] * lm(tensors)
+            parts.policy_optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in policy.parameters() if p.requires_grad], cfg.trainer.grad_clip or float("inf")
+            )
+            parts.policy_optimizer.step()
+            step_metrics = {
+                "train/loss": loss.item(),
+                "train/pg_loss": pg_loss.item(),
+                "train/entropy": entropy_mean.item(),
+                "train/grad_norm": grad_norm.item(),
+                **{f"train/{k}": float(v) for k, v in pg_metrics.items()},
+            }
+            if critic is not None:
+                step_metrics.update(value_update(cfg, parts, mb, old_values[rows], returns[rows], mask, agg_mode))
+            for k, v in step_metrics.items():
+                totals[k] = totals.get(k, 0.0) + v
+            count += 1
+    return {k: v / count for k, v in totals.items()}
+
+
+def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, mask, agg_mode: str) -> dict[str, float]:
+    """One critic step on the value loss -> train/value_loss, train/explained_var."""
+    vl = parts.components["value_loss"]
+    values = parts.models.critic(batch)
+    loss, metrics = vl({"values": values, "old_values": old_values, "returns": returns, "mask": mask}, agg=agg_mode)
+    parts.critic_optimizer.zero_grad(set_to_none=True)
+    (vl.wiring.get("coef", 1.0) * loss).backward()
+    torch.nn.utils.clip_grad_norm_(parts.models.critic.parameters(), cfg.trainer.grad_clip or float("inf"))
+    parts.critic_optimizer.step()
+    explained = adv_lib.explained_variance(values.detach(), returns, mask)
+    return {
+        "train/value_loss": loss.item(),
+        "train/explained_var": float(explained),
+        **{f"train/value_{k}": float(v) for k, v in metrics.items()},
+    }
+
+
+def pretrain_value(cfg, parts: Parts, tracker, progress) -> None:
+    """VC-PPO: the critic alone learns Monte-Carlo returns (λ = 1) of the frozen initial policy."""
+    rollout_cfg, vp = cfg.rollout, cfg.value_pretrain
+    agg_mode = parts.components["loss_agg"].hparams["mode"]
+    with progress.task("value pretraining", total=vp.steps) as advance:
+        for step in range(1, vp.steps + 1):
+            problems = parts.task.train_problems(rollout_cfg.prompts_per_step, seed=cfg.seed, step=-step)
+            problems = [p for p in problems for _ in range(rollout_cfg.group_size)]
+            batch = parts.sampler.generate(
+                parts.models.policy,
+                [p.prompt for p in problems],
+                temperature=rollout_cfg.temperature,
+                max_new_tokens=rollout_cfg.max_new_tokens,
+            )
+            scores = torch.tensor([parts.task.score(t, p) for t, p in zip(batch.texts, problems)])
+            mask = batch.response_mask
+            with torch.no_grad():
+                old_values = parts.models.critic(batch)
+            returns = scores[:, None] * mask  # Monte-Carlo return with λ = 1, γ = 1: the final score at every token
+            metrics = value_update(cfg, parts, batch, old_values, returns, mask, agg_mode)
+            metrics = {k.replace("train/", "value_pretrain/"): v for k, v in metrics.items()}
+            tracker.log_metrics(metrics, step=step)
+            advance(value_loss=metrics["value_pretrain/value_loss"], ev=metrics["value_pretrain/explained_var"])
+            if vp.stop_explained_var is not None and metrics["value_pretrain/explained_var"] >= vp.stop_explained_var:
+                progress.note(f"value pretraining stopped at step {step}: explained variance reached the target")
+                break
+
+
+@torch.no_grad()
+def evaluate(cfg, parts: Parts) -> dict[str, float]:
+    """Greedy and sampled accuracy on the task's fixed held-out prompts -> eval/*."""
+    task, policy = parts.task, parts.models.policy
+    prompts = [p.prompt for p in task.eval_problems]
+    out = {}
+    devices = torch.random.fork_rng()  # evaluation must not shift the training samples' random stream
+    with devices:
+        for name, temperature in (("accuracy", 0.0), ("accuracy_sampled", cfg.rollout.temperature)):
+            batch = parts.sampler.generate(
+                policy, prompts, temperature=temperature, max_new_tokens=cfg.rollout.max_new_tokens
+            )
+            out[f"eval/{name}"] = sum(task.score(t, p) for t, p in zip(batch.texts, task.eval_problems)) / len(prompts)
+            if name == "accuracy":
+                out["eval/response_len"] = batch.response_mask.sum(1).float().mean().item()
+    return out
+
+
+def summary(metrics: dict[str, float]) -> str:
+    keys = ("eval/accuracy", "eval/accuracy_sampled", "train/reward")
+    return "  ".join(f"{k} {metrics[k]:.3f}" for k in keys if k in metrics)

@@ -1,0 +1,130 @@
+"""Step 3 of a run: the policy (LoRA or full), its reference and, when the advantage needs values, a critic."""
+
+from __future__ import annotations
+
+import copy
+import json
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from rlx_cli.errors import UserError
+from rlx_cli.rollout import Rollout
+
+
+@dataclass
+class Models:
+    policy: nn.Module
+    tokenizer: object
+    reference: nn.Module | None  # None with LoRA: the policy with its adapters disabled
+    critic: Critic | None
+
+    def reference_context(self):
+        """Inside it, ``self.reference_model`` computes reference log-probs."""
+        return self.policy.disable_adapter() if self.reference is None else nullcontext()
+
+    @property
+    def reference_model(self) -> nn.Module:
+        return self.policy if self.reference is None else self.reference
+
+
+def load_pretrained(path: Path, model_cfg: DictConfig):
+    """(causal LM, tokenizer) from a local ``save_pretrained`` directory; one clear line if it is not one."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not (Path(path) / "config.json").is_file():
+        raise UserError(f"model.path={path} is not a Hugging Face model directory (no config.json)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=getattr(torch, model_cfg.dtype), trust_remote_code=model_cfg.trust_remote_code
+        )
+    except (OSError, ValueError, json.JSONDecodeError) as error:
+        raise UserError(f"model.path={path} cannot be loaded: {str(error).splitlines()[0]}") from error
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def build_models(path: Path, model_cfg: DictConfig, *, needs_critic: bool, critic_cfg: DictConfig) -> Models:
+    model, tokenizer = load_pretrained(path, model_cfg)
+    if model_cfg.finetune == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        lora = OmegaConf.to_container(model_cfg.lora)
+        config = LoraConfig(
+            r=lora["r"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=lora["dropout"],
+            target_modules=lora["target_modules"],
+            task_type="CAUSAL_LM",
+        )
+        policy, reference = get_peft_model(model, config), None
+    else:
+        policy = model
+        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    critic = Critic.from_policy_weights(path, model_cfg, critic_cfg) if needs_critic else None
+    return Models(policy, tokenizer, reference, critic)
+
+
+class Critic(nn.Module):
+    """V(s_t) for every response token: a causal-LM body plus a zero-initialised ``Linear(hidden, 1)``.
+
+    The value of response token t is read from the hidden state of the position before it, the state in
+    which the policy chose that token.
+    """
+
+    def __init__(self, body: nn.Module, hidden_size: int):
+        super().__init__()
+        self.body = body
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_policy_weights(cls, path: Path, model_cfg: DictConfig, critic_cfg: DictConfig) -> Critic:
+        from transformers import AutoModel
+
+        source = path if critic_cfg.init == "policy" else Path(critic_cfg.init)
+        if not (source / "config.json").is_file():
+            raise UserError(f"critic.init={critic_cfg.init} is neither 'policy' nor a Hugging Face model directory")
+        body = AutoModel.from_pretrained(source, trust_remote_code=model_cfg.trust_remote_code)
+        return cls(body, body.config.hidden_size)
+
+    def forward(self, batch: Rollout) -> torch.Tensor:
+        """-> values [B, T]"""
+        hidden = self.body(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+        ).last_hidden_state
+        start = batch.prompt_len - 1
+        return self.head(hidden[:, start : start + batch.responses.shape[1]]).squeeze(-1).float()
+
+
+def response_logp(model: nn.Module, batch: Rollout, temperature: float, *, with_entropy: bool = False):
+    """Log-probs of the sampled response tokens under ``model`` -> (logp [B, T], entropy [B, T] or None)."""
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+    ).logits
+    start = batch.prompt_len - 1
+    logits = logits[:, start : start + batch.responses.shape[1]].float() / max(temperature, 1e-6)
+    logprobs = logits.log_softmax(-1)
+    logp = logprobs.gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logprobs.exp() * logprobs).sum(-1) if with_entropy else None
+    return logp, entropy
+
+
+@contextmanager
+def evaluating(*modules: nn.Module):
+    """Eval mode (no dropout) inside, the previous modes restored after."""
+    modes = [m.training for m in modules]
+    for m in modules:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, mode in zip(modules, modes):
+            m.train(mode)

@@ -1,0 +1,73 @@
+"""Rollouts: prompts -> sampled responses as one padded batch, with HF ``generate``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass
+class Rollout:
+    """One batch of B sequences: left-padded prompts of width P, right-padded responses of width T."""
+
+    input_ids: torch.Tensor  # [B, P+T]
+    attention_mask: torch.Tensor  # [B, P+T] 1 on real prompt and response tokens
+    position_ids: torch.Tensor  # [B, P+T] counts real tokens only (left padding)
+    responses: torch.Tensor  # [B, T]
+    response_mask: torch.Tensor  # [B, T] float, 1 up to and including EOS
+    texts: list[str]  # decoded responses, EOS and padding stripped
+
+    @property
+    def prompt_len(self) -> int:
+        return self.input_ids.shape[1] - self.responses.shape[1]
+
+    def select(self, rows: torch.Tensor) -> Rollout:
+        picked = {f.name: getattr(self, f.name) for f in fields(self)}
+        picked = {
+            k: (v[rows] if isinstance(v, torch.Tensor) else [v[i] for i in rows.tolist()]) for k, v in picked.items()
+        }
+        return Rollout(**picked)
+
+
+def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """[B, T] float mask: 1 on every token up to and including the first EOS, 0 after it."""
+    is_eos = (responses == eos_id).long()
+    return ((is_eos.cumsum(1) - is_eos) == 0).float()
+
+
+class HFSampler:
+    """Samples with ``model.generate``; ``temperature=0`` is greedy."""
+
+    def __init__(self, tokenizer, *, top_p: float = 1.0):
+        self.tokenizer = tokenizer
+        self.top_p = top_p
+
+    @torch.no_grad()
+    def generate(self, model, prompts: list[str], *, temperature: float, max_new_tokens: int) -> Rollout:
+        tok = self.tokenizer
+        tok.padding_side = "left"
+        enc = tok(prompts, padding=True, return_tensors="pt")
+        sampling = dict(temperature=temperature, top_p=self.top_p, top_k=0) if temperature > 0 else {}
+        was_training = model.training
+        model.eval()
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            **sampling,
+        )
+        model.train(was_training)
+        responses = out[:, enc["input_ids"].shape[1] :]
+        mask = response_mask(responses, tok.eos_token_id)
+        responses = torch.where(mask.bool(), responses, tok.pad_token_id)
+        attention = torch.cat([enc["attention_mask"], mask.long()], dim=1)
+        texts = tok.batch_decode(responses, skip_special_tokens=True)
+        return Rollout(out, attention, position_ids(attention), responses, mask, texts)
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as ``generate`` assigns them: [B, L] long."""
+    return (attention_mask.cumsum(1) - 1).clamp(min=0)

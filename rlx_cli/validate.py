@@ -1,0 +1,85 @@
+"""Step 2 of a run: check the composed config before anything is built or written.
+
+Component blocks are checked against their function's signature by ``components.registry``; the
+engine's own keys by the table below. Any problem is one ``UserError`` naming the key and what is valid.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlx_cli.errors import UserError
+
+INF = math.inf
+# key: (type, low, high) inclusive, or (type, allowed choices)
+ENGINE_KEYS: dict[str, tuple] = {
+    "seed": (int, 0, 2**32 - 1),
+    "model.finetune": (str, ("full", "lora")),
+    "model.dtype": (str, ("float32", "bfloat16", "float16")),
+    "model.trust_remote_code": (bool, (True, False)),
+    "rollout.prompts_per_step": (int, 1, 1_000_000),
+    "rollout.group_size": (int, 1, 10_000),
+    "rollout.temperature": (float, 1e-3, 10.0),
+    "rollout.top_p": (float, 1e-3, 1.0),
+    "rollout.max_new_tokens": (int, 1, 1_000_000),
+    "trainer.steps": (int, 1, 10_000_000),
+    "trainer.eval_every": (int, 0, 10_000_000),
+    "trainer.lr": (float, 1e-12, 1.0),
+    "trainer.weight_decay": (float, 0.0, 1.0),
+    "trainer.warmup_steps": (int, 0, 10_000_000),
+    "trainer.grad_clip": (float, 0.0, INF),
+    "trainer.epochs": (int, 1, 1000),
+    "trainer.minibatches": (int, 1, 1_000_000),
+    "trainer.ckpt_every": (int, 0, 10_000_000),
+    "trainer.resume": (bool, (True, False)),
+    "trainer.threads": (int, 0, 1024),
+    "critic.lr": (float, 1e-12, 1.0),
+    "value_pretrain.steps": (int, 0, 1_000_000),
+    "tracking.name": (str, ("mlflow", "none")),
+    "kl.placement": (str, ("reward", "loss")),
+    "kl.coef": (float, 0.0, INF),
+    "lm_loss.coef": (float, 0.0, INF),
+    "policy_loss.entropy_coef": (float, 0.0, INF),
+    "value_loss.coef": (float, 0.0, INF),
+    "lam_schedule.critic_lam": (float, 0.0, 1.0),
+    "advantage.whiten": (bool, (True, False)),
+    "advantage.clip": (float, 1e-6, INF),
+}
+
+
+def validate(cfg: DictConfig) -> None:
+    from components import registry
+
+    for group in registry.WIRING_KEYS:
+        try:
+            registry.validate(group, OmegaConf.to_container(cfg[group], resolve=True))
+        except registry.RegistryError as error:
+            raise UserError(str(error)) from error
+    for key, rule in ENGINE_KEYS.items():
+        check(key, OmegaConf.select(cfg, key, default=None), rule)
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    if cfg.trainer.minibatches > rows:
+        raise UserError(
+            f"trainer.minibatches={cfg.trainer.minibatches} exceeds the {rows} samples per step "
+            f"(valid: 1 to rollout.prompts_per_step x rollout.group_size)"
+        )
+
+
+def check(key: str, value: Any, rule: tuple) -> None:
+    if value is None:
+        return
+    kind = rule[0]
+    type_ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        type_ok = True
+    if not type_ok:
+        raise UserError(f"{key}={value!r} has the wrong type (valid: {kind.__name__})")
+    if len(rule) == 2:
+        if value not in rule[1]:
+            raise UserError(f"{key}={value!r} is not valid (valid: {', '.join(map(str, rule[1]))})")
+    elif not rule[1] <= value <= rule[2]:
+        high = "" if rule[2] == INF else f" to {rule[2]:g}"
+        raise UserError(f"{key}={value} is out of range (valid: {rule[1]:g}{high or ' or more'})")

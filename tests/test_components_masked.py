@@ -1,0 +1,34 @@
+"""masked_* helpers: verl conventions, NaN-proof padding."""
+
+import math
+
+import pytest
+import torch
+
+from components.masked import masked_mean, masked_sum, masked_var, masked_whiten
+
+X = torch.tensor([[1.0, 2.0, math.nan], [3.0, 4.0, 5.0]])
+M = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+
+
+def test_sum_and_mean():
+    assert masked_sum(X, M).item() == 15.0  # 1+2+3+4+5
+    assert masked_mean(X, M).item() == 3.0
+    assert masked_mean(X, M, dim=-1).tolist() == [1.5, 4.0]  # 3/2, 12/3
+    assert masked_mean(X, torch.zeros_like(M)).item() == 0.0
+
+
+def test_var_is_unbiased_like_torch_var():
+    values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert masked_var(X, M).item() == pytest.approx(values.var().item())  # 10/4 = 2.5
+    assert masked_var(X, M, unbiased=False).item() == pytest.approx(2.0)  # 10/5
+    assert masked_var(X, torch.tensor([[1.0, 0, 0], [0, 0, 0]])).item() == 0.0  # one entry: no Bessel, no NaN
+
+
+def test_whiten():
+    out = masked_whiten(X, M)
+    expected = (torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]) - 3.0) / math.sqrt(2.5 + 1e-8)
+    assert torch.allclose(out[M.bool()], expected)
+    assert out[0, 2].item() == 0.0  # padding comes back as 0
+    unshifted = masked_whiten(X, M, shift_mean=False)
+    assert torch.allclose(unshifted[M.bool()], expected + 3.0)

@@ -1,0 +1,56 @@
+"""reward_shaping: running moments against numpy, purity of the state dict."""
+
+import numpy as np
+import pytest
+import torch
+
+from components import reward_shaping
+
+BATCHES = [[1.0, 2.0, 4.0], [0.5], [10.0, -3.0, 2.0, 2.0], [7.0, 7.0]]
+
+
+def test_running_moments_match_numpy():
+    state, seen = {}, []
+    for batch in BATCHES:
+        state = reward_shaping.update_moments(torch.tensor(batch), state)
+        seen += batch
+        assert state["count"].item() == len(seen)
+        assert state["mean"].item() == pytest.approx(np.mean(seen))
+        assert (state["m2"] / (state["count"] - 1)).item() == pytest.approx(np.var(seen, ddof=1))
+
+
+def test_scale_divides_by_running_std():
+    state, seen = {}, []
+    for batch in BATCHES:
+        shaped, state = reward_shaping.scale(torch.tensor(batch), state)
+        seen += batch
+        assert np.allclose(shaped.numpy(), np.array(batch) / np.std(seen, ddof=1), atol=1e-6)
+
+
+def test_normalize_clip_against_numpy():
+    state, seen = {}, []
+    for batch in BATCHES:
+        shaped, state = reward_shaping.normalize_clip(torch.tensor(batch), state, clip=1.0)
+        seen += batch
+        expected = np.clip((np.array(batch) - np.mean(seen)) / np.std(seen, ddof=1), -1.0, 1.0)
+        assert np.allclose(shaped.numpy(), expected, atol=1e-6)
+        assert shaped.dtype == torch.float32
+
+
+def test_undefined_std_falls_back_to_one():
+    shaped, state = reward_shaping.scale(torch.tensor([3.0]), {})  # one score: no std yet
+    assert shaped.tolist() == [3.0]
+    shaped, _ = reward_shaping.scale(torch.tensor([3.0, 3.0]), state)  # all equal: std 0
+    assert shaped.tolist() == [3.0, 3.0]
+
+
+def test_functions_are_pure():
+    state = {}
+    _, new_state = reward_shaping.normalize_clip(torch.tensor([1.0, 2.0]), state)
+    assert state == {} and new_state["count"].item() == 2
+    before = {k: v.clone() for k, v in new_state.items()}
+    reward_shaping.scale(torch.tensor([5.0]), new_state)
+    assert all(torch.equal(before[k], new_state[k]) for k in before)
+    scores = torch.tensor([1.0, -1.0])
+    same, kept = reward_shaping.none(scores, new_state)
+    assert same is scores and kept is new_state
