@@ -1,0 +1,42 @@
+"""Shared fixtures: an isolated MLflow store per test, the CLI in a subprocess, composed configs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+REPO = Path(__file__).resolve().parents[1]
+# a few steps on the built-in default, quiet and fast (the base model is cached in $RLX_HOME)
+SHORT = ["trainer.steps=3", "trainer.eval_every=0", "rollout.prompts_per_step=4", "task.eval_size=20"]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A fresh working directory with its own MLflow store."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return tmp_path
+
+
+def rlx(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``rlx ARGS`` as a user runs it, in ``cwd``; never raises on a non-zero exit."""
+    return subprocess.run(
+        [sys.executable, "-m", "rlx_cli", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+    )
+
+
+def mlflow_runs(workdir: Path, experiment: str = "rlx"):
+    """All runs of ``experiment`` in the test's store as a DataFrame (empty if there is none)."""
+    import mlflow
+    import pandas as pd
+
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    if mlflow.get_experiment_by_name(experiment) is None:
+        return pd.DataFrame()
+    return mlflow.search_runs(experiment_names=[experiment])

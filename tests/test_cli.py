@@ -1,0 +1,104 @@
+"""The CLI as a newcomer uses it: help, printing the config, mistakes, and short runs on the default."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from conftest import SHORT, mlflow_runs, rlx
+
+
+def test_help_lists_config_groups_and_choices(workdir):
+    out = rlx("--help", cwd=workdir)
+    assert out.returncode == 0
+    for text in ("train", "ls", "algo", "advantage", "gae", "grpo", "lam_schedule", "length_adaptive"):
+        assert text in out.stdout
+    train_help = rlx("train", "--help", cwd=workdir)
+    assert train_help.returncode == 0 and "overrides" in train_help.stdout and "loss_agg" in train_help.stdout
+
+
+def test_cfg_job_prints_yaml_and_exits(workdir):
+    out = rlx("train", "algo=grpo", "--cfg", "job", "seed=7", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    cfg = yaml.safe_load(out.stdout)
+    assert cfg["seed"] == 7 and cfg["advantage"]["name"] == "grpo" and "hydra" not in cfg
+    assert not (workdir / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["algo=nope"], ["algo", "grpo"]),
+        (["trainer.nope=1"], ["trainer.nope", "steps"]),
+        (["trainer.steps=0"], ["trainer.steps"]),
+        (["trainer.steps=abc"], ["trainer.steps"]),
+        (["policy_loss.eps_high=1.5"], ["policy_loss.eps_high"]),
+        (["advantage=nope"], ["advantage", "gae", "rloo"]),
+        (["kl.kind=k9", "kl=estimate"], ["kl.kind", "k3"]),
+        (["model.finetune=qlora"], ["model.finetune", "lora"]),
+        (["rollout.temperature=0"], ["rollout.temperature"]),
+        (["--cfg", "yaml"], ["--cfg", "job"]),
+    ],
+)
+def test_mistakes_are_one_line_exit_2_and_no_run(workdir, args, named):
+    out = rlx("train", *args, cwd=workdir)
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), out.stderr
+    assert "Traceback" not in out.stderr
+    for text in named:
+        assert text in lines[0]
+    assert mlflow_runs(workdir).empty
+
+
+def test_ls_lists_components_with_hyperparameters(workdir):
+    out = rlx("ls", "advantage", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    for text in ("gae", "grpo", "rloo", "reinforce_pp", "norm_by_std"):
+        assert text in out.stdout
+    assert rlx("ls", "nope", cwd=workdir).returncode == 2
+
+
+def test_short_run_lands_in_mlflow(workdir):
+    out = rlx("train", *SHORT, "trainer.output_dir=out", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    runs = mlflow_runs(workdir)
+    assert len(runs) == 1
+    run = runs.iloc[0]
+    assert run["status"] == "FINISHED"
+    assert sum(c.startswith("params.") for c in runs.columns) >= 20
+    assert run["tags.rlx.algo"] == "grpo" and run["tags.rlx.seed"] == "0" and run["tags.rlx.ablate"] == "none"
+    assert "trainer.steps=3" in run["tags.rlx.overrides"]
+    for metric in ("train/reward", "train/loss", "train/kl", "train/entropy", "train/response_len",
+                   "eval/accuracy", "perf/step_s", "perf/tokens_per_s"):
+        assert f"metrics.{metric}" in runs.columns, metric
+    assert (workdir / "out" / "final" / "model.safetensors").is_file()
+    assert json.loads((workdir / "out" / "metrics.json").read_text())["eval/accuracy"] >= 0
+
+
+def test_a_run_that_raises_is_marked_failed(workdir, monkeypatch):
+    from rlx_cli import loop
+    from rlx_cli.run import train_command
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(loop, "update_step", broken)
+    with pytest.raises(RuntimeError, match="injected"):
+        train_command([*SHORT, "trainer.output_dir=out"])
+    run = mlflow_runs(workdir).iloc[0]
+    assert run["status"] == "FAILED" and "injected failure" in run["tags.rlx.error"]
+    assert not (workdir / "out" / "final").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("finetune", "steps"), [("lora", 20), ("full", 40)])
+def test_the_default_learns(workdir, finetune, steps):
+    out = rlx("train", f"model.finetune={finetune}", f"trainer.steps={steps}", "trainer.eval_every=0",
+              "tracking=none", "trainer.output_dir=out", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("step ")]
+    start = float(lines[0].split("eval/accuracy ")[1].split()[0])
+    final = json.loads((workdir / "out" / "metrics.json").read_text())["eval/accuracy"]
+    assert final - start >= 0.15, (start, final)

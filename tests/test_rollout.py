@@ -1,0 +1,24 @@
+import torch
+
+from rlx_cli.base_model import char_tokenizer
+from rlx_cli.rollout import position_ids, response_mask
+
+
+def test_response_mask_runs_up_to_and_including_the_first_eos():
+    eos = 2
+    responses = torch.tensor([[5, 6, 2, 0, 0], [5, 2, 2, 7, 0], [5, 6, 7, 8, 9]])
+    expected = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.float)
+    assert torch.equal(response_mask(responses, eos), expected)
+
+
+def test_position_ids_skip_left_padding():
+    attention = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]])
+    assert position_ids(attention).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 3]]
+
+
+def test_char_tokenizer_round_trip_with_bos():
+    tok = char_tokenizer()
+    ids = tok("12+3=15,#:")["input_ids"]
+    assert ids[0] == tok.bos_token_id and len(ids) == 11
+    assert tok.decode(ids, skip_special_tokens=True) == "12+3=15,#:"
+    assert len(tok) <= 20

@@ -1,0 +1,39 @@
+import random
+
+import pytest
+
+from rlx_cli.errors import UserError
+from rlx_cli.tasks import Problem, SumsTask, worked
+
+
+def test_worked_solution_without_defect():
+    # 3+4=7 (no crossing), 7+5=12 (crosses 10), 12+9=21 (crosses 20)
+    assert worked([3, 4, 5, 9], 0.0, random.Random(0)) == "3+4=7,7+5=12,12+9=21#21"
+
+
+def test_worked_solution_always_dropping_the_carry():
+    # 7+5=12 loses its carry -> 2; then 2+9=11 crosses 10 -> 1; later steps continue from the wrong number
+    assert worked([3, 4, 5, 9], 1.0, random.Random(0)) == "3+4=7,7+5=2,2+9=1#1"
+
+
+def test_score_reads_the_text_after_the_last_hash():
+    problem = Problem("3,4,5,9:", "21")
+    assert SumsTask.score("3+4=7,7+5=12,12+9=21#21", problem) == 1.0
+    assert SumsTask.score("3+4=7#7#21", problem) == 1.0
+    assert SumsTask.score("3+4=7,7+5=2,2+9=11#11", problem) == 0.0
+    assert SumsTask.score("21", problem) == 0.0  # no answer marker
+    assert SumsTask.score("", problem) == 0.0
+
+
+def test_train_problems_depend_only_on_seed_and_step():
+    task = SumsTask(min_terms=2, max_terms=6, eval_size=5, eval_seed=1)
+    assert task.train_problems(8, seed=0, step=3) == task.train_problems(8, seed=0, step=3)
+    assert task.train_problems(8, seed=0, step=3) != task.train_problems(8, seed=0, step=4)
+    assert task.train_problems(8, seed=0, step=3) != task.train_problems(8, seed=1, step=3)
+    lengths = {len(p.prompt.split(",")) for p in task.train_problems(200, seed=0, step=1)}
+    assert lengths == {2, 3, 4, 5, 6}
+
+
+def test_bad_term_range_is_a_user_error():
+    with pytest.raises(UserError, match="task.min_terms"):
+        SumsTask(min_terms=5, max_terms=3, eval_size=1, eval_seed=0)
