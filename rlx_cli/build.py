@@ -70,11 +70,13 @@ def build(cfg: DictConfig, progress) -> Parts:
     needs_critic = components["advantage"].takes("values")
     torch.manual_seed(cfg.seed)
     models = build_models(path, cfg.model, needs_critic=needs_critic, critic_cfg=cfg.critic)
-    policy_params = [p for p in models.policy.parameters() if p.requires_grad]
+    policy_params = [p for n, p in models.policy.named_parameters() if p.requires_grad and ".critic." not in n]
     policy_optimizer = adamw(policy_params, cfg.trainer.lr, cfg.trainer)
     warmup = max(1, cfg.trainer.warmup_steps)
     schedule = torch.optim.lr_scheduler.LambdaLR(policy_optimizer, lambda s: min(1.0, (s + 1) / warmup))
-    critic_optimizer = adamw(models.critic.parameters(), cfg.critic.lr, cfg.trainer) if models.critic else None
+    critic_optimizer = None
+    if models.critic is not None:
+        critic_optimizer = adamw(models.critic.trainable_parameters(), cfg.critic.lr, cfg.trainer)
     sampler = HFSampler(models.tokenizer, top_p=cfg.rollout.top_p)
     return Parts(models, task, sampler, components, policy_optimizer, schedule, critic_optimizer)
 

@@ -27,22 +27,93 @@ def group_choices() -> dict[str, list[str]]:
     }
 
 
+_PRESET: list[DictConfig] = []  # the config before the +ablate overlays, for ${preset:key} while composing
+_STARTED = datetime.now()  # ${now:…} is the process's start: every compose of one command agrees
+
+
+def _register_resolvers() -> None:
+    resolvers = {
+        "now": lambda fmt: _STARTED.strftime(fmt),
+        "mul": lambda a, b: a * b,
+        "preset": lambda key: OmegaConf.select(_PRESET[-1], key) if _PRESET else None,
+    }
+    for name, fn in resolvers.items():
+        OmegaConf.register_new_resolver(name, fn, replace=True)  # replaces Hydra's clock-reading ${now:}
+
+
 def compose(overrides: list[str]) -> DictConfig:
-    """The resolved-on-access config for ``overrides``; ``cfg.hydra.runtime.choices`` names the choices."""
+    """The resolved config for ``overrides``; ``cfg.hydra.runtime.choices`` names the choices made.
+
+    ``+ablate=`` overlays are composed over the preset (``algo`` plus every other override) and may refer to
+    its values as ``${preset:key}``; an overlay that changes nothing the preset uses is an error.
+    """
+    ablated = [o for o in overrides if o.lstrip("+").startswith("ablate=")]
+    preset = _compose(overrides_without(ablated, overrides)) if ablated else None
+    cfg = _compose(overrides, preset)
+    if preset is not None:
+        names = ablations(choices_of(cfg))
+        for name in names:
+            single = (
+                cfg
+                if len(names) == 1
+                else _compose([*overrides_without(ablated, overrides), f"+ablate={name}"], preset)
+            )
+            check_applies(name, preset, single)
+    return cfg
+
+
+def overrides_without(dropped: list[str], overrides: list[str]) -> list[str]:
+    return [o for o in overrides if o not in dropped]
+
+
+def _compose(overrides: list[str], preset: DictConfig | None = None) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    if not OmegaConf.has_resolver("now"):
-        OmegaConf.register_new_resolver("now", lambda fmt: datetime.now().strftime(fmt), use_cache=True)
     GlobalHydra.instance().clear()
+    _PRESET.append(preset)
     try:
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-            return hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+            _register_resolvers()  # after Hydra's own set-up, which installs a clock-reading ${now:}
+            cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+        for key in cfg:
+            if key != "hydra" and isinstance(cfg[key], DictConfig):
+                OmegaConf.resolve(cfg[key])  # ${preset:…} and ${now:…} are fixed here, once
+        return cfg
     except (HydraException, OmegaConfBaseException) as error:
         raise UserError(explain(str(error), overrides)) from error
+    finally:
+        _PRESET.pop()
+
+
+def ablations(choices: dict) -> list[str]:
+    ablate = choices.get("ablate") or []
+    return [ablate] if isinstance(ablate, str) else list(ablate)
+
+
+def check_applies(name: str, preset: DictConfig, ablated: DictConfig) -> None:
+    """An overlay must change a value that the preset's components use; else the arm is a silent copy."""
+    from rlx_cli.wiring import unused_groups
+
+    before, after = flat(job_config(preset)), flat(job_config(ablated))
+    unused = unused_groups(preset)
+    changed = [
+        k
+        for k in before.keys() | after.keys()
+        if before.get(k) != after.get(k) and not k.endswith(".name") and k.split(".")[0] not in unused
+    ]
+    if not changed:
+        algo = choices_of(preset)["algo"]
+        raise UserError(f"+ablate={name} does not apply to algo={algo}: it changes nothing this preset uses")
+
+
+def flat(cfg: DictConfig) -> dict[str, object]:
+    from rlx_cli.track import flatten
+
+    return flatten(OmegaConf.to_container(cfg, resolve=True))
 
 
 def explain(message: str, overrides: list[str]) -> str:

@@ -8,6 +8,7 @@ import torch
 from omegaconf import DictConfig
 
 from components import advantage as adv_lib
+from components.kl import estimate as kl_estimate
 from components.loss_agg import aggregate
 from components.masked import masked_mean
 from rlx_cli.build import Parts
@@ -17,7 +18,7 @@ from rlx_cli.rollout import Rollout
 
 def train(cfg: DictConfig, parts: Parts, tracker, progress) -> dict[str, float]:
     """Run ``cfg.trainer.steps`` RL steps; returns the final metrics."""
-    models, task, sampler, comp = parts.models, parts.task, parts.sampler, parts.components
+    models, comp = parts.models, parts.components
     policy, critic = models.policy, models.critic
     rollout_cfg, trainer = cfg.rollout, cfg.trainer
     agg_mode = comp["loss_agg"].hparams["mode"]
@@ -32,21 +33,10 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress) -> dict[str, float]:
     with progress.task("RL", total=trainer.steps) as advance:
         for step in range(1, trainer.steps + 1):
             started = time.perf_counter()
-            # 1. sample prompts_per_step prompts x group_size responses
-            problems = task.train_problems(rollout_cfg.prompts_per_step, seed=cfg.seed, step=step)
-            problems = [p for p in problems for _ in range(rollout_cfg.group_size)]
-            group_index = torch.arange(rollout_cfg.prompts_per_step).repeat_interleave(rollout_cfg.group_size)
-            batch = sampler.generate(
-                policy,
-                [p.prompt for p in problems],
-                temperature=rollout_cfg.temperature,
-                max_new_tokens=rollout_cfg.max_new_tokens,
-            )
+            # 1–2. sample prompts_per_step prompts x group_size responses and score them
+            batch, scores, group_index, sampling = sample_groups(cfg, parts, step)
             mask = batch.response_mask
             generated = time.perf_counter()
-
-            # 2. score (and shape) the responses
-            scores = torch.tensor([task.score(text, p) for text, p in zip(batch.texts, problems)])
             shaped, shaping_state = comp["reward_shaping"]({"scores": scores, "state": shaping_state})
 
             # 3. old and reference log-probs, values
@@ -94,13 +84,14 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress) -> dict[str, float]:
             # 8. log, evaluate
             metrics = {
                 "train/reward": scores.mean().item(),
-                "train/kl": float(masked_mean(kl_tokens, mask)),
+                "train/kl": float(masked_mean(kl_estimate(old_logp, ref_logp, kind="k3"), mask)),  # to the reference
                 "train/response_len": lengths.float().mean().item(),
                 "train/adv_first_tokens": adv_first_tokens,
                 "train/policy_lam": policy_lam.float().mean().item(),
                 "perf/step_s": finished - started,
                 "perf/generate_s": generated - started,
                 "perf/tokens_per_s": lengths.sum().item() / (finished - started),
+                **sampling,
                 **update,
             }
             if trainer.eval_every and step % trainer.eval_every == 0 or step == trainer.steps:
@@ -110,6 +101,44 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress) -> dict[str, float]:
             last.update(metrics)
             advance(reward=metrics["train/reward"], acc=last["eval/accuracy"])
     return last
+
+
+def sample_groups(cfg, parts: Parts, step: int):
+    """Sample and score ``prompts_per_step`` groups of ``group_size`` -> (batch, scores [B], group_index [B], metrics).
+
+    With ``rollout.dynamic_sampling`` (DAPO, arXiv 2503.14476) groups whose scores are all equal carry no
+    signal for a group baseline: they are dropped and more prompts are drawn, up to ``rollout.max_draws`` batches.
+    """
+    rollout, task = cfg.rollout, parts.task
+    size, wanted = rollout.group_size, rollout.prompts_per_step
+    kept_batches, kept_scores, groups, draws = [], [], 0, 0
+    while groups < wanted and draws < (rollout.max_draws if rollout.dynamic_sampling else 1):
+        problems = task.train_problems(wanted, seed=cfg.seed, step=step, draw=draws)
+        problems = [p for p in problems for _ in range(size)]
+        batch = parts.sampler.generate(
+            parts.models.policy,
+            [p.prompt for p in problems],
+            temperature=rollout.temperature,
+            max_new_tokens=rollout.max_new_tokens,
+        )
+        scores = torch.tensor([task.score(text, p) for text, p in zip(batch.texts, problems)])
+        draws += 1
+        keep = torch.ones(wanted, dtype=torch.bool)
+        if rollout.dynamic_sampling:
+            by_group = scores.view(wanted, size)
+            keep = (by_group != by_group[:, :1]).any(1)
+            keep &= keep.cumsum(0) <= wanted - groups  # no more groups than still needed
+        if keep.any() or (draws == rollout.max_draws and not kept_batches):
+            keep = keep if keep.any() else torch.ones(wanted, dtype=torch.bool)
+            rows = keep.repeat_interleave(size).nonzero().squeeze(1)
+            kept_batches.append(batch.select(rows))
+            kept_scores.append(scores[rows])
+            groups += int(keep.sum())
+    batch = kept_batches[0]
+    if len(kept_batches) > 1:
+        batch = Rollout.concat(kept_batches, parts.models.tokenizer.pad_token_id)
+    group_index = torch.arange(groups).repeat_interleave(size)
+    return batch, torch.cat(kept_scores), group_index, {"train/groups": float(groups), "train/draws": float(draws)}
 
 
 def update_step(
@@ -168,7 +197,7 @@ def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, mask, a
     loss, metrics = vl({"values": values, "old_values": old_values, "returns": returns, "mask": mask}, agg=agg_mode)
     parts.critic_optimizer.zero_grad(set_to_none=True)
     (vl.wiring.get("coef", 1.0) * loss).backward()
-    torch.nn.utils.clip_grad_norm_(parts.models.critic.parameters(), cfg.trainer.grad_clip or float("inf"))
+    torch.nn.utils.clip_grad_norm_(parts.models.critic.trainable_parameters(), cfg.trainer.grad_clip or float("inf"))
     parts.critic_optimizer.step()
     explained = adv_lib.explained_variance(values.detach(), returns, mask)
     return {
@@ -180,19 +209,11 @@ def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, mask, a
 
 def pretrain_value(cfg, parts: Parts, tracker, progress) -> None:
     """VC-PPO: the critic alone learns Monte-Carlo returns (λ = 1) of the frozen initial policy."""
-    rollout_cfg, vp = cfg.rollout, cfg.value_pretrain
+    vp = cfg.value_pretrain
     agg_mode = parts.components["loss_agg"].hparams["mode"]
     with progress.task("value pretraining", total=vp.steps) as advance:
         for step in range(1, vp.steps + 1):
-            problems = parts.task.train_problems(rollout_cfg.prompts_per_step, seed=cfg.seed, step=-step)
-            problems = [p for p in problems for _ in range(rollout_cfg.group_size)]
-            batch = parts.sampler.generate(
-                parts.models.policy,
-                [p.prompt for p in problems],
-                temperature=rollout_cfg.temperature,
-                max_new_tokens=rollout_cfg.max_new_tokens,
-            )
-            scores = torch.tensor([parts.task.score(t, p) for t, p in zip(batch.texts, problems)])
+            batch, scores, _, _ = sample_groups(cfg, parts, -step)  # negative steps: prompts unseen by RL
             mask = batch.response_mask
             with torch.no_grad():
                 old_values = parts.models.critic(batch)

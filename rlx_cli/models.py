@@ -21,7 +21,7 @@ class Models:
     policy: nn.Module
     tokenizer: object
     reference: nn.Module | None  # None with LoRA: the policy with its adapters disabled
-    critic: Critic | None
+    critic: Critic | SharedCritic | None
 
     def reference_context(self):
         """Inside it, ``self.reference_model`` computes reference log-probs."""
@@ -64,11 +64,26 @@ def build_models(path: Path, model_cfg: DictConfig, *, needs_critic: bool, criti
             task_type="CAUSAL_LM",
         )
         policy, reference = get_peft_model(model, config), None
+        critic = SharedCritic(policy, config) if needs_critic and critic_cfg.init == "policy" else None
     else:
-        policy = model
+        policy, critic = model, None
         reference = copy.deepcopy(model).eval().requires_grad_(False)
-    critic = Critic.from_policy_weights(path, model_cfg, critic_cfg) if needs_critic else None
+    if needs_critic and critic is None:
+        critic = Critic.from_weights(path, model_cfg, critic_cfg)
     return Models(policy, tokenizer, reference, critic)
+
+
+def value_head(hidden_size: int) -> nn.Linear:
+    head = nn.Linear(hidden_size, 1)
+    nn.init.zeros_(head.weight)  # V = 0 everywhere at the start: no made-up values
+    nn.init.zeros_(head.bias)
+    return head
+
+
+def values_at_responses(hidden: torch.Tensor, head: nn.Linear, batch: Rollout) -> torch.Tensor:
+    """The value of response token t from the hidden state of the position before it -> [B, T]."""
+    start = batch.prompt_len - 1
+    return head(hidden[:, start : start + batch.responses.shape[1]]).squeeze(-1).float()
 
 
 class Critic(nn.Module):
@@ -81,15 +96,13 @@ class Critic(nn.Module):
     def __init__(self, body: nn.Module, hidden_size: int):
         super().__init__()
         self.body = body
-        self.head = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        self.head = value_head(hidden_size)
 
     @classmethod
-    def from_policy_weights(cls, path: Path, model_cfg: DictConfig, critic_cfg: DictConfig) -> Critic:
+    def from_weights(cls, path: Path, model_cfg: DictConfig, critic_cfg: DictConfig) -> Critic:
         from transformers import AutoModel
 
-        source = path if critic_cfg.init == "policy" else Path(critic_cfg.init)
+        source = Path(path) if critic_cfg.init == "policy" else Path(critic_cfg.init)
         if not (source / "config.json").is_file():
             raise UserError(f"critic.init={critic_cfg.init} is neither 'policy' nor a Hugging Face model directory")
         body = AutoModel.from_pretrained(source, trust_remote_code=model_cfg.trust_remote_code)
@@ -100,8 +113,59 @@ class Critic(nn.Module):
         hidden = self.body(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
         ).last_hidden_state
-        start = batch.prompt_len - 1
-        return self.head(hidden[:, start : start + batch.responses.shape[1]]).squeeze(-1).float()
+        return values_at_responses(hidden, self.head, batch)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return list(self.parameters())
+
+    def state_to_save(self) -> dict[str, torch.Tensor]:
+        return self.state_dict()
+
+
+class SharedCritic(nn.Module):
+    """The LoRA critic: a second adapter (``critic``) plus a value head on the policy's frozen base.
+
+    Actor, critic and reference share one copy of the base weights; ``forward`` switches the active
+    adapter to ``critic`` and back to the policy's ``default``.
+    """
+
+    def __init__(self, policy: nn.Module, lora_config):
+        super().__init__()
+        policy.add_adapter("critic", lora_config)
+        self.policy = [policy]  # a list, so the policy's parameters are not registered twice
+        self.adapters = [p for n, p in policy.named_parameters() if "lora_" in n]
+        self.head = value_head(policy.get_base_model().config.hidden_size)
+        self.use("default")
+
+    def use(self, adapter: str) -> None:
+        """Activate one adapter; both stay trainable (peft's set_adapter freezes the inactive one, and a
+        tensor frozen between forward and backward gets no gradient)."""
+        self.policy[0].set_adapter(adapter)
+        for p in self.adapters:
+            p.requires_grad_(True)
+
+    def forward(self, batch: Rollout) -> torch.Tensor:
+        """-> values [B, T]"""
+        self.use("critic")
+        try:
+            hidden = (
+                self.policy[0]
+                .get_base_model()
+                .base_model(
+                    input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+                )
+                .last_hidden_state
+            )
+        finally:
+            self.use("default")
+        return values_at_responses(hidden, self.head, batch)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        adapter = [p for n, p in self.policy[0].named_parameters() if ".critic." in n]
+        return adapter + list(self.head.parameters())
+
+    def state_to_save(self) -> dict[str, torch.Tensor]:
+        return self.head.state_dict()  # the adapter is saved with the policy, under critic/
 
 
 def response_logp(model: nn.Module, batch: Rollout, temperature: float, *, with_entropy: bool = False):

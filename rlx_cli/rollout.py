@@ -22,6 +22,23 @@ class Rollout:
     def prompt_len(self) -> int:
         return self.input_ids.shape[1] - self.responses.shape[1]
 
+    @staticmethod
+    def concat(parts: list[Rollout], pad_id: int) -> Rollout:
+        """Stack batches of different widths: prompts re-padded on the left, responses on the right."""
+        width_p = max(r.prompt_len for r in parts)
+        width_t = max(r.responses.shape[1] for r in parts)
+
+        def pad(x: torch.Tensor, left: int, right: int, value) -> torch.Tensor:
+            return torch.nn.functional.pad(x, (left, right), value=value)
+
+        prompts = torch.cat([pad(r.input_ids[:, : r.prompt_len], width_p - r.prompt_len, 0, pad_id) for r in parts])
+        prompt_attn = torch.cat([pad(r.attention_mask[:, : r.prompt_len], width_p - r.prompt_len, 0, 0) for r in parts])
+        responses = torch.cat([pad(r.responses, 0, width_t - r.responses.shape[1], pad_id) for r in parts])
+        mask = torch.cat([pad(r.response_mask, 0, width_t - r.responses.shape[1], 0.0) for r in parts])
+        attention = torch.cat([prompt_attn, mask.long()], dim=1)
+        texts = [t for r in parts for t in r.texts]
+        return Rollout(torch.cat([prompts, responses], 1), attention, position_ids(attention), responses, mask, texts)
+
     def select(self, rows: torch.Tensor) -> Rollout:
         picked = {f.name: getattr(self, f.name) for f in fields(self)}
         picked = {

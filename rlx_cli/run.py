@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlx_cli.compose import choices_of, compose, job_config
+from rlx_cli.compose import ablations, choices_of, compose, job_config
 from rlx_cli.progress import Progress
 from rlx_cli.track import git_sha, make_tracker, tracking_uri, write_json
 from rlx_cli.validate import validate
@@ -23,11 +23,6 @@ def run_name(cfg: DictConfig) -> str:
     return f"{choices['algo']}{''.join('+' + a for a in ablate)}-s{cfg.seed}"
 
 
-def ablations(choices: dict) -> list[str]:
-    ablate = choices.get("ablate") or []
-    return [ablate] if isinstance(ablate, str) else list(ablate)
-
-
 def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict[str, float] | None:
     """``rlx train``: returns the final metrics, or None when it only printed the config."""
     cfg = compose(overrides)
@@ -36,7 +31,6 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
         return None
     validate(cfg)
     job = job_config(cfg)
-    OmegaConf.resolve(job)  # fixes ${now:...} once for the whole run
     choices = choices_of(cfg)
     tags = {
         "rlx.algo": str(choices["algo"]),
@@ -82,7 +76,7 @@ def save_final(parts, output_dir: Path) -> None:
     parts.models.policy.save_pretrained(tmp, safe_serialization=True)
     parts.models.tokenizer.save_pretrained(tmp)
     if parts.models.critic is not None:
-        state = {k: v.contiguous() for k, v in parts.models.critic.state_dict().items()}
+        state = {k: v.contiguous() for k, v in parts.models.critic.state_to_save().items()}
         save_file(state, str(tmp / "critic.safetensors"))
     final = output_dir / "final"
     if final.exists():

@@ -38,9 +38,9 @@ class SumsTask:
     def problem(terms: list[int]) -> Problem:
         return Problem(prompt=",".join(map(str, terms)) + ":", answer=str(sum(terms)))
 
-    def train_problems(self, n: int, *, seed: int, step: int) -> list[Problem]:
-        """``n`` fresh problems for one RL step; a pure function of (seed, step), so resuming replays them."""
-        return [self.problem(t) for t in self._draw(random.Random(f"train-{seed}-{step}"), n)]
+    def train_problems(self, n: int, *, seed: int, step: int, draw: int = 0) -> list[Problem]:
+        """``n`` fresh problems for one RL step; a pure function of (seed, step, draw), so resuming replays them."""
+        return [self.problem(t) for t in self._draw(random.Random(f"train-{seed}-{step}-{draw}"), n)]
 
     def sft_examples(self, n: int, *, carry_drop: float, rng: random.Random) -> list[tuple[str, str]]:
         """(prompt, response) pairs whose carries are dropped with probability ``carry_drop`` per crossing."""

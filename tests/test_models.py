@@ -1,0 +1,95 @@
+"""Policy, reference and critic wiring: LoRA shares one base; each optimizer moves only its own weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from rlx_cli.base_model import VOCAB_SIZE, char_tokenizer
+from rlx_cli.compose import compose
+from rlx_cli.models import SharedCritic, build_models, response_logp
+from rlx_cli.rollout import HFSampler
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A random tiny Llama saved like a user's checkpoint."""
+    path = tmp_path_factory.mktemp("tiny")
+    tokenizer = char_tokenizer()
+    config = LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=32,
+        vocab_size=VOCAB_SIZE,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def snapshot(module, marker: str) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters() if marker in n}
+
+
+def changed(before: dict[str, torch.Tensor], module) -> bool:
+    now = dict(module.named_parameters())
+    return any(not torch.equal(before[n], now[n]) for n in before)
+
+
+def test_lora_critic_is_a_second_adapter_on_the_shared_base(model_dir):
+    cfg = compose(["algo=vapo", "model.finetune=lora"])
+    models = build_models(model_dir, cfg.model, needs_critic=True, critic_cfg=cfg.critic)
+    assert models.reference is None and isinstance(models.critic, SharedCritic)
+    base_weights = [n for n, _ in models.policy.named_parameters() if "lora_" not in n]
+    assert not any(p.requires_grad for n, p in models.policy.named_parameters() if n in base_weights)
+
+    batch = HFSampler(models.tokenizer).generate(models.policy, ["1,2:", "3,4,5:"], temperature=1.0, max_new_tokens=6)
+    policy_before, critic_before = snapshot(models.policy, ".default."), snapshot(models.policy, ".critic.")
+    critic_opt = torch.optim.SGD(models.critic.trainable_parameters(), lr=1.0)
+    with torch.no_grad():
+        models.critic.head.weight.fill_(1.0)  # zero-initialised: through a zero head the adapter gets no gradient
+    models.critic(batch).sum().backward()
+    critic_opt.step()
+    assert changed(critic_before, models.policy) and not changed(policy_before, models.policy)
+
+    policy_params = [p for n, p in models.policy.named_parameters() if p.requires_grad and ".critic." not in n]
+    policy_opt = torch.optim.SGD(policy_params, lr=1.0)
+    critic_before = snapshot(models.policy, ".critic.")
+    logp, _ = response_logp(models.policy, batch, 1.0)
+    (logp * batch.response_mask).sum().backward()
+    policy_opt.step()
+    assert changed(policy_before, models.policy) and not changed(critic_before, models.policy)
+
+
+def test_lora_reference_is_the_base_with_adapters_disabled(model_dir):
+    cfg = compose(["model.finetune=lora"])
+    models = build_models(model_dir, cfg.model, needs_critic=False, critic_cfg=cfg.critic)
+    batch = HFSampler(models.tokenizer).generate(models.policy, ["1,2:"], temperature=1.0, max_new_tokens=6)
+    with torch.no_grad():
+        for p in (p for n, p in models.policy.named_parameters() if "lora_B" in n):
+            p.fill_(0.5)  # make the adapter matter
+        with models.reference_context():
+            ref, _ = response_logp(models.reference_model, batch, 1.0)
+        policy, _ = response_logp(models.policy, batch, 1.0)
+    plain = LlamaForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        base, _ = response_logp(plain, batch, 1.0)
+    assert torch.allclose(ref, base, atol=1e-5) and not torch.allclose(policy, base, atol=1e-3)
+
+
+def test_full_finetune_gets_a_frozen_reference_copy(model_dir):
+    cfg = compose(["algo=ppo"])
+    models = build_models(model_dir, cfg.model, needs_critic=True, critic_cfg=cfg.critic)
+    assert models.reference is not models.policy and not any(p.requires_grad for p in models.reference.parameters())
+    assert models.critic is not None and OmegaConf.select(cfg, "critic.init") == "policy"

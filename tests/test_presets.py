@@ -1,0 +1,90 @@
+"""Every algo preset composes, validates and trains; every ablation overlay changes exactly its own keys."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from conftest import SHORT
+
+from rlx_cli.compose import compose, flat, group_choices, job_config
+from rlx_cli.errors import UserError
+from rlx_cli.validate import validate
+
+ALGOS = group_choices()["algo"]
+# what each overlay may change, relative to the preset it is applied to (lam_schedule.alpha disappears and
+# lam_schedule.policy_lam appears when no_adaptive_gae swaps the length-adaptive schedule for a fixed λ)
+OVERLAY_KEYS = {
+    "no_value_pretrain": {"value_pretrain.steps"},
+    "no_decoupled_gae": {"lam_schedule.critic_lam"},
+    "no_adaptive_gae": {"lam_schedule.name", "lam_schedule.alpha", "lam_schedule.policy_lam"},
+    "no_clip_higher": {"policy_loss.eps_high"},
+    "no_token_loss": {"loss_agg.mode"},
+    "no_positive_nll": {"lm_loss.coef"},
+    "no_group_sampling": {"rollout.group_size", "rollout.prompts_per_step"},
+}
+
+
+def test_the_expected_presets_and_overlays_exist():
+    assert {"ppo", "vc_ppo", "vapo", "grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo_max"} <= set(
+        ALGOS
+    )
+    assert set(group_choices()["ablate"]) == set(OVERLAY_KEYS)
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_preset_validates(algo):
+    validate(compose([f"algo={algo}"]))
+
+
+@functools.cache
+def preset_of(algo: str) -> dict:
+    return flat(job_config(compose([f"algo={algo}"])))
+
+
+def changed_keys(before: dict, after: dict) -> set[str]:
+    return {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+
+
+@pytest.mark.parametrize("ablate", sorted(OVERLAY_KEYS))
+@pytest.mark.parametrize("algo", ALGOS)
+def test_each_overlay_changes_exactly_its_keys_or_refuses(algo, ablate):
+    preset = preset_of(algo)
+    try:
+        cfg = compose([f"algo={algo}", f"+ablate={ablate}"])
+    except UserError as error:
+        assert f"+ablate={ablate} does not apply to algo={algo}" in str(error)
+        return
+    validate(cfg)
+    changed = changed_keys(preset, flat(job_config(cfg)))
+    assert changed and changed <= OVERLAY_KEYS[ablate], changed
+
+
+@pytest.mark.parametrize("ablate", sorted(OVERLAY_KEYS))
+def test_every_overlay_applies_to_vapo(ablate):
+    preset = preset_of("vapo")
+    changed = changed_keys(preset, flat(job_config(compose(["algo=vapo", f"+ablate={ablate}"]))))
+    assert changed == OVERLAY_KEYS[ablate]
+
+
+def test_overlays_compose_with_each_other_and_keep_samples_per_step():
+    cfg = compose(["algo=vapo", "+ablate=[no_group_sampling,no_clip_higher,no_adaptive_gae]"])
+    assert cfg.rollout.group_size == 1 and cfg.rollout.prompts_per_step == 16 * 8
+    assert cfg.policy_loss.eps_high == cfg.policy_loss.eps_low == 0.2
+    assert cfg.lam_schedule.name == "decoupled" and cfg.lam_schedule.critic_lam == 1.0
+
+
+def test_an_overlay_that_does_not_apply_is_refused():
+    for algo, ablate in [("grpo", "no_value_pretrain"), ("ppo", "no_clip_higher"), ("grpo", "no_adaptive_gae")]:
+        with pytest.raises(UserError, match=f"ablate={ablate} does not apply to algo={algo}"):
+            compose([f"algo={algo}", f"+ablate={ablate}"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_preset_trains_three_steps(workdir, algo):
+    from rlx_cli.run import train_command
+
+    final = train_command([f"algo={algo}", *SHORT, "value_pretrain.steps=2", "tracking=none", "trainer.output_dir=out"])
+    assert 0.0 <= final["eval/accuracy"] <= 1.0 and final["train/response_len"] > 0
+    assert (workdir / "out" / "final").is_dir()
