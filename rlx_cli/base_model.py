@@ -30,12 +30,12 @@ def rlx_home() -> Path:
     return Path(os.environ.get("RLX_HOME", Path.home() / ".cache" / "rlx"))
 
 
-def char_tokenizer():
-    """A ``PreTrainedTokenizerFast`` with one token per character and BOS prepended."""
+def char_tokenizer(chars: str = CHARS):
+    """A ``PreTrainedTokenizerFast`` with one token per character of ``chars`` and BOS prepended."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL + list(CHARS))}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + list(chars))}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlx_cli.errors import UserError
 from rlx_cli.models import Models, build_models
 from rlx_cli.rollout import HFSampler
 from rlx_cli.tasks import build_task
@@ -65,6 +66,11 @@ def build(cfg: DictConfig, progress) -> Parts:
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     task = build_task(cfg.task)
+    if not cfg.model.path and not hasattr(task, "sft_examples"):
+        raise UserError(
+            f"model={cfg.model.name} with no model.path is built for task=sums; "
+            f"for task={cfg.task.name} use model=hf model.path=DIR"
+        )
     path = Path(cfg.model.path) if cfg.model.path else ensure_base_model(cfg.model, cfg.task, task, progress)
     components = components_of(cfg)
     needs_critic = components["advantage"].takes("values")
@@ -77,7 +83,7 @@ def build(cfg: DictConfig, progress) -> Parts:
     critic_optimizer = None
     if models.critic is not None:
         critic_optimizer = adamw(models.critic.trainable_parameters(), cfg.critic.lr, cfg.trainer)
-    sampler = HFSampler(models.tokenizer, top_p=cfg.rollout.top_p)
+    sampler = HFSampler(models.tokenizer, top_p=cfg.rollout.top_p, chat_template=cfg.task.get("chat_template", False))
     return Parts(models, task, sampler, components, policy_optimizer, schedule, critic_optimizer)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from pathlib import Path
 
 import typer
 
@@ -88,6 +89,111 @@ def list_components(group: str = typer.Argument(None, help="One component group,
     from rlx_cli.listing import print_components
 
     print_components(group)
+
+
+def only_overrides(args: list[str] | None) -> list[str]:
+    """Overrides after typer took its options; anything else that looks like an option is a mistake."""
+    args = list(args or [])
+    for arg in args:
+        if arg.startswith("-"):
+            raise UserError(f"unknown option '{arg}' (see --help; overrides are key=value, sweeps key=a,b)")
+    return args
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@user_errors
+def sweep(
+    overrides: list[str] = typer.Argument(
+        None, help="Hydra overrides with multirun sweeps: key=a,b,c · key=range(0,3) · key=choice(a,b) · seed=0,1,2."
+    ),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Points that run at the same time."),
+    launcher: str = typer.Option("local", "--launcher", help="local | submitit | ray (the last two: rlx[cluster])."),
+    study: str = typer.Option(
+        None, "--study", help="Study name (default: ALGO-sweep-HASH, stable for the same arguments)."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the points and exit."),
+    rerun: bool = typer.Option(False, "--rerun", help="Run points the study already FINISHED again."),
+) -> None:
+    """Run every point of a grid as one `rlx train`, each an MLflow child run of the study's parent run.
+
+    Examples: rlx sweep algo=grpo 'policy_loss.eps_high=0.2,0.28' seed=0,1 --jobs 2 · rlx sweep seed=0,1,2 --dry-run
+    """
+    from rlx_cli.sweep import sweep_command
+
+    code = sweep_command(only_overrides(overrides), jobs=jobs, launcher=launcher, study=study, dry_run=dry_run,
+                         rerun=rerun)  # fmt: skip
+    raise typer.Exit(code)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@user_errors
+def ablate(
+    overrides: list[str] = typer.Argument(None, help="The preset and other overrides: algo=vapo trainer.steps=50."),
+    seeds: int = typer.Option(3, "--seeds", help="Seeds 0..K-1 per arm (a seed=... override replaces them)."),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="Points that run at the same time."),
+    launcher: str = typer.Option("local", "--launcher", help="local | submitit | ray (the last two: rlx[cluster])."),
+    study: str = typer.Option(None, "--study", help="Study and experiment name (default: ALGO-ablation)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the points and exit."),
+    rerun: bool = typer.Option(False, "--rerun", help="Run points the study already FINISHED again."),
+) -> None:
+    """The full preset plus the preset with each +ablate=no_* overlay that applies to it, K seeds each.
+
+    Examples: rlx ablate algo=vapo --seeds 3 --jobs 2 · rlx ablate algo=vapo --dry-run
+    """
+    from rlx_cli.sweep import ablate_command
+
+    code = ablate_command(only_overrides(overrides), seeds=seeds, jobs=jobs, launcher=launcher, study=study,
+                          dry_run=dry_run, rerun=rerun)  # fmt: skip
+    raise typer.Exit(code)
+
+
+@app.command()
+@user_errors
+def report(
+    experiment: str = typer.Option(None, "--experiment", "-e", help="MLflow experiment to read."),
+    study: str = typer.Option(None, "--study", "-s", help="Study (tag rlx.study) to read, in any experiment."),
+    metric: str = typer.Option("eval/accuracy", "--metric", "-m", help="The metric of the table."),
+    baseline: str = typer.Option(None, "--baseline", help="Arm for Δ (default: the first without an ablation)."),
+    reduce: str = typer.Option("last", "--reduce", help="One number per run: last | max | mean_last_k."),
+    k: int = typer.Option(3, "--k", help="K for --reduce mean_last_k."),
+    fmt: str = typer.Option("md", "--format", "-f", help="md | csv | tex | html."),
+    out: Path = typer.Option(None, "--out", "-o", help="Write the table to this file instead of stdout."),
+    plots: Path = typer.Option(None, "--plots", help="Write PNG learning curves (mean ± std per arm) here."),
+    extra_metrics: str = typer.Option(None, "--extra-metrics", help="More columns, e.g. train/reward,perf/step_s."),
+    stats: bool = typer.Option(False, "--stats", help="Add Welch's t-test p and a 95% bootstrap CI of Δ."),
+    minimize: bool = typer.Option(False, "--minimize", help="Lower is better (bold the smallest mean)."),
+) -> None:
+    """The ablation table of tracked runs: one row per arm, mean ± std over seeds, Δ vs the baseline.
+
+    Examples: rlx report --study vapo-ablation · rlx report --experiment rlx --format csv --out t.csv --plots curves/
+    """
+    from rlx_cli.report import report_command
+
+    text = report_command(
+        experiment=experiment, study=study, metric=metric, baseline=baseline, reduce_by=reduce, k=k, fmt=fmt,
+        out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, minimize=minimize,
+    )  # fmt: skip
+    if out is None:
+        print(text, end="")
+    else:
+        print(f"wrote {out}")
+
+
+@app.command()
+@user_errors
+def ui(
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes the runs to your network)."
+    ),
+    port: int = typer.Option(5000, "--port", "-p", help="Port to serve on."),
+) -> None:
+    """Browse the tracked runs: `mlflow ui` on the current store (MLFLOW_TRACKING_URI, default sqlite:///mlflow.db).
+
+    Examples: rlx ui · rlx ui --port 5001
+    """
+    from rlx_cli.track import ui_command
+
+    raise typer.Exit(ui_command(host, port))
 
 
 def main() -> None:

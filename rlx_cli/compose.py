@@ -128,6 +128,9 @@ def explain(message: str, overrides: list[str]) -> str:
     if unknown:
         key = unknown.group(1)
         return f"unknown key '{key}'{valid_keys_hint(key, overrides)}"
+    required = re.search(r"Missing mandatory value: ([\w.]+)", message)
+    if required:
+        return f"{required.group(1)} is required (set {required.group(1)}=...)"
     parse = re.search(r"Error parsing override '([^']*)'", message)
     if parse:
         return f"cannot parse override '{parse.group(1)}' (expected key=value, group=choice or +ablate=name)"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import time
 
 import torch
@@ -11,33 +13,45 @@ from components import advantage as adv_lib
 from components.kl import estimate as kl_estimate
 from components.loss_agg import aggregate
 from components.masked import masked_mean
+from rlx_cli import checkpoint
 from rlx_cli.build import Parts
+from rlx_cli.checkpoint import TrainState
 from rlx_cli.models import evaluating, response_logp
 from rlx_cli.rollout import Rollout
+from rlx_cli.signals import StopRequests
 
 
-def train(cfg: DictConfig, parts: Parts, tracker, progress) -> dict[str, float]:
-    """Run ``cfg.trainer.steps`` RL steps; returns the final metrics."""
+class Diverged(RuntimeError):
+    """More than ``trainer.max_skipped`` updates in a row had a non-finite loss or gradient."""
+
+
+def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, state: TrainState) -> dict[str, float]:
+    """Run RL steps ``state.step + 1`` .. ``cfg.trainer.steps``; returns the final metrics.
+
+    A fresh ``state`` (step 0) first pretrains the critic and evaluates; a resumed one goes on from its step.
+    Called inside ``stop.deferred()``: a signal ends the step under way, writes a checkpoint and raises ``Stopped``.
+    """
     models, comp = parts.models, parts.components
     policy, critic = models.policy, models.critic
     rollout_cfg, trainer = cfg.rollout, cfg.trainer
     agg_mode = comp["loss_agg"].hparams["mode"]
-    kl, shaping_state, last = comp["kl"], {}, {}
+    kl, last = comp["kl"], state.metrics
 
-    if critic is not None and cfg.value_pretrain.steps > 0:
-        pretrain_value(cfg, parts, tracker, progress)
-    last.update(evaluate(cfg, parts))
-    tracker.log_metrics(last, step=0)
-    progress.note(f"step 0: {summary(last)}")
+    if state.step == 0:
+        if critic is not None and cfg.value_pretrain.steps > 0:
+            pretrain_value(cfg, parts, tracker, progress, stop, state)
+        last.update(evaluate(cfg, parts))
+        tracker.log_metrics(last, step=0)
+        progress.note(f"step 0: {summary(last)}")
 
-    with progress.task("RL", total=trainer.steps) as advance:
-        for step in range(1, trainer.steps + 1):
+    with progress.task("RL", total=trainer.steps - state.step) as advance:
+        for step in range(state.step + 1, trainer.steps + 1):
             started = time.perf_counter()
             # 1–2. sample prompts_per_step prompts x group_size responses and score them
             batch, scores, group_index, sampling = sample_groups(cfg, parts, step)
             mask = batch.response_mask
             generated = time.perf_counter()
-            shaped, shaping_state = comp["reward_shaping"]({"scores": scores, "state": shaping_state})
+            shaped, state.shaping = comp["reward_shaping"]({"scores": scores, "state": state.shaping})
 
             # 3. old and reference log-probs, values
             with torch.no_grad(), evaluating(policy):
@@ -75,9 +89,12 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress) -> dict[str, float]:
             adv_first_tokens = float(masked_mean(advantages[:, :3], mask[:, :3]))  # raw: VC-PPO's bias shows here
             advantages = adv_lib.whiten_and_clip(advantages, mask, **comp["advantage"].wiring)
 
-            # 7. minibatch epochs: policy loss (+ KL in loss, entropy bonus, LM loss); value loss
+            # 7. minibatch epochs: policy loss (+ KL in loss, entropy bonus, LM loss); value loss.
+            #    An update with a non-finite loss or gradient is skipped and counted.
             positive = scores > 0
-            update = update_step(cfg, parts, batch, old_logp, ref_logp, advantages, positive, values, returns, agg_mode)
+            update = update_step(
+                cfg, parts, state, step, batch, old_logp, ref_logp, advantages, positive, values, returns, agg_mode
+            )
             parts.policy_schedule.step()
             finished = time.perf_counter()
 
@@ -88,6 +105,8 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress) -> dict[str, float]:
                 "train/response_len": lengths.float().mean().item(),
                 "train/adv_first_tokens": adv_first_tokens,
                 "train/policy_lam": policy_lam.float().mean().item(),
+                "train/skipped_steps": float(state.skipped),
+                "train/skipped_consecutive": float(state.skipped_in_a_row),
                 "perf/step_s": finished - started,
                 "perf/generate_s": generated - started,
                 "perf/tokens_per_s": lengths.sum().item() / (finished - started),
@@ -100,6 +119,17 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress) -> dict[str, float]:
             tracker.log_metrics(metrics, step=step)
             last.update(metrics)
             advance(reward=metrics["train/reward"], acc=last["eval/accuracy"])
+
+            # 9. checkpoint every ckpt_every steps, at the end, and when a signal asks the run to stop
+            state.step = step
+            due = trainer.ckpt_every and (step % trainer.ckpt_every == 0 or step == trainer.steps)
+            if due or stop.requested:
+                saved = checkpoint.save(trainer.output_dir, parts, state, trainer.keep_ckpts)
+            if stop.requested:
+                raise stop.stop(
+                    f"checkpoint {saved} after step {step}; go on with trainer.resume=true "
+                    f"trainer.output_dir={trainer.output_dir}"
+                )
     return last
 
 
@@ -121,7 +151,7 @@ def sample_groups(cfg, parts: Parts, step: int):
             temperature=rollout.temperature,
             max_new_tokens=rollout.max_new_tokens,
         )
-        scores = torch.tensor([task.score(text, p) for text, p in zip(batch.texts, problems)])
+        scores = torch.tensor(task.score_batch(batch.texts, problems))
         draws += 1
         keep = torch.ones(wanted, dtype=torch.bool)
         if rollout.dynamic_sampling:
@@ -138,13 +168,36 @@ def sample_groups(cfg, parts: Parts, step: int):
     if len(kept_batches) > 1:
         batch = Rollout.concat(kept_batches, parts.models.tokenizer.pad_token_id)
     group_index = torch.arange(groups).repeat_interleave(size)
-    return batch, torch.cat(kept_scores), group_index, {"train/groups": float(groups), "train/draws": float(draws)}
+    return (
+        batch,
+        torch.cat(kept_scores),
+        group_index,
+        {
+            "train/groups": float(groups),
+            "train/draws": float(draws),
+            "train/reward_errors": float(task.reward_errors),  # cumulative verifier exceptions and time-outs
+        },
+    )
 
 
 def update_step(
-    cfg, parts: Parts, batch: Rollout, old_logp, ref_logp, advantages, positive, old_values, returns, agg_mode: str
+    cfg,
+    parts: Parts,
+    state: TrainState,
+    step: int,
+    batch: Rollout,
+    old_logp,
+    ref_logp,
+    advantages,
+    positive,
+    old_values,
+    returns,
+    agg_mode: str,
 ) -> dict[str, float]:
-    """``trainer.epochs`` passes of ``trainer.minibatches`` optimizer steps; -> mean train/* metrics."""
+    """``trainer.epochs`` passes of ``trainer.minibatches`` updates; -> mean train/* metrics.
+
+    An update whose loss or gradient norm is NaN/inf is skipped (``guarded_step``) and counted (``count_update``).
+    """
     comp, policy, critic = parts.components, parts.models.policy, parts.models.critic
     kl, lm, pl = comp["kl"], comp["lm_loss"], comp["policy_loss"]
     kl_in_loss = kl.wiring["placement"] == "loss" and kl.wiring["coef"] > 0
@@ -169,12 +222,14 @@ def update_step(
                 loss = loss + kl.wiring["coef"] * aggregate(kl(tensors), mask, mode=agg_mode)
             if lm.wiring["coef"] > 0:
                 loss = loss + lm.wiring["coef"] * lm(tensors)
+            if nan_injected(step):
+                loss = loss * math.nan
             parts.policy_optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 [p for p in policy.parameters() if p.requires_grad], cfg.trainer.grad_clip or float("inf")
             )
-            parts.policy_optimizer.step()
+            stepped = guarded_step(parts.policy_optimizer, loss, grad_norm)
             step_metrics = {
                 "train/loss": loss.item(),
                 "train/pg_loss": pg_loss.item(),
@@ -183,31 +238,70 @@ def update_step(
                 **{f"train/{k}": float(v) for k, v in pg_metrics.items()},
             }
             if critic is not None:
-                step_metrics.update(value_update(cfg, parts, mb, old_values[rows], returns[rows], mask, agg_mode))
+                value_metrics, value_stepped = value_update(
+                    cfg, parts, mb, old_values[rows], returns[rows], mask, agg_mode
+                )
+                step_metrics.update(value_metrics)
+                stepped = stepped and value_stepped
+            count_update(state, stepped, cfg.trainer.max_skipped)
             for k, v in step_metrics.items():
                 totals[k] = totals.get(k, 0.0) + v
             count += 1
     return {k: v / count for k, v in totals.items()}
 
 
-def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, mask, agg_mode: str) -> dict[str, float]:
-    """One critic step on the value loss -> train/value_loss, train/explained_var."""
+def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, mask, agg_mode: str):
+    """One critic step on the value loss -> (train/value_loss, train/explained_var, ...; whether it stepped)."""
     vl = parts.components["value_loss"]
     values = parts.models.critic(batch)
     loss, metrics = vl({"values": values, "old_values": old_values, "returns": returns, "mask": mask}, agg=agg_mode)
     parts.critic_optimizer.zero_grad(set_to_none=True)
     (vl.wiring.get("coef", 1.0) * loss).backward()
-    torch.nn.utils.clip_grad_norm_(parts.models.critic.trainable_parameters(), cfg.trainer.grad_clip or float("inf"))
-    parts.critic_optimizer.step()
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        parts.models.critic.trainable_parameters(), cfg.trainer.grad_clip or float("inf")
+    )
+    stepped = guarded_step(parts.critic_optimizer, loss, grad_norm)
     explained = adv_lib.explained_variance(values.detach(), returns, mask)
     return {
         "train/value_loss": loss.item(),
         "train/explained_var": float(explained),
         **{f"train/value_{k}": float(v) for k, v in metrics.items()},
-    }
+    }, stepped
 
 
-def pretrain_value(cfg, parts: Parts, tracker, progress) -> None:
+def guarded_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+    """Step unless the loss or the gradient norm is NaN/inf; then drop the gradients. -> whether it stepped."""
+    if torch.isfinite(loss).item() and torch.isfinite(grad_norm).item():
+        optimizer.step()
+        return True
+    optimizer.zero_grad(set_to_none=True)
+    return False
+
+
+def count_update(state: TrainState, stepped: bool, max_skipped: int) -> None:
+    """Count skipped updates; more than ``max_skipped`` in a row stop the run. No NaN/inf ever reaches the
+    weights, so every checkpoint written so far is good."""
+    if stepped:
+        state.skipped_in_a_row = 0
+        return
+    state.skipped += 1
+    state.skipped_in_a_row += 1
+    if state.skipped_in_a_row > max_skipped:
+        raise Diverged(
+            f"{state.skipped_in_a_row} updates in a row had a non-finite loss or gradient "
+            f"(more than trainer.max_skipped={max_skipped})"
+        )
+
+
+def nan_injected(step: int) -> bool:
+    """Test hook: ``RLX_INJECT_NAN=step:N`` makes the loss of RL step N NaN, ``from:N`` of N and every later
+    step, ``always`` of every step."""
+    hook = os.environ.get("RLX_INJECT_NAN", "")
+    kind, _, n = hook.partition(":")
+    return hook == "always" or (kind == "step" and step == int(n)) or (kind == "from" and step >= int(n))
+
+
+def pretrain_value(cfg, parts: Parts, tracker, progress, stop: StopRequests, state: TrainState) -> None:
     """VC-PPO: the critic alone learns Monte-Carlo returns (λ = 1) of the frozen initial policy."""
     vp = cfg.value_pretrain
     agg_mode = parts.components["loss_agg"].hparams["mode"]
@@ -218,10 +312,13 @@ def pretrain_value(cfg, parts: Parts, tracker, progress) -> None:
             with torch.no_grad():
                 old_values = parts.models.critic(batch)
             returns = scores[:, None] * mask  # Monte-Carlo return with λ = 1, γ = 1: the final score at every token
-            metrics = value_update(cfg, parts, batch, old_values, returns, mask, agg_mode)
+            metrics, stepped = value_update(cfg, parts, batch, old_values, returns, mask, agg_mode)
+            count_update(state, stepped, cfg.trainer.max_skipped)
             metrics = {k.replace("train/", "value_pretrain/"): v for k, v in metrics.items()}
             tracker.log_metrics(metrics, step=step)
             advance(value_loss=metrics["value_pretrain/value_loss"], ev=metrics["value_pretrain/explained_var"])
+            if stop.requested:
+                raise stop.stop(f"during value pretraining (step {step}), before the first checkpoint")
             if vp.stop_explained_var is not None and metrics["value_pretrain/explained_var"] >= vp.stop_explained_var:
                 progress.note(f"value pretraining stopped at step {step}: explained variance reached the target")
                 break
@@ -239,7 +336,7 @@ def evaluate(cfg, parts: Parts) -> dict[str, float]:
             batch = parts.sampler.generate(
                 policy, prompts, temperature=temperature, max_new_tokens=cfg.rollout.max_new_tokens
             )
-            out[f"eval/{name}"] = sum(task.score(t, p) for t, p in zip(batch.texts, task.eval_problems)) / len(prompts)
+            out[f"eval/{name}"] = sum(task.score_batch(batch.texts, task.eval_problems)) / len(prompts)
             if name == "accuracy":
                 out["eval/response_len"] = batch.response_mask.sum(1).float().mean().item()
     return out

@@ -34,6 +34,7 @@ class Models:
 
 def load_pretrained(path: Path, model_cfg: DictConfig):
     """(causal LM, tokenizer) from a local ``save_pretrained`` directory; one clear line if it is not one."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not (Path(path) / "config.json").is_file():
@@ -41,13 +42,20 @@ def load_pretrained(path: Path, model_cfg: DictConfig):
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=getattr(torch, model_cfg.dtype), trust_remote_code=model_cfg.trust_remote_code
+            path, dtype=torch_dtype(model_cfg.dtype), trust_remote_code=model_cfg.trust_remote_code
         )
-    except (OSError, ValueError, json.JSONDecodeError) as error:
+    except (OSError, ValueError, json.JSONDecodeError, SafetensorError) as error:  # a truncated or corrupt file
         raise UserError(f"model.path={path} cannot be loaded: {str(error).splitlines()[0]}") from error
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``auto`` is bfloat16 on a GPU and float32 on the CPU."""
+    if name == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return getattr(torch, name)
 
 
 def build_models(path: Path, model_cfg: DictConfig, *, needs_critic: bool, critic_cfg: DictConfig) -> Models:

@@ -56,15 +56,29 @@ def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
 class HFSampler:
     """Samples with ``model.generate``; ``temperature=0`` is greedy."""
 
-    def __init__(self, tokenizer, *, top_p: float = 1.0):
+    def __init__(self, tokenizer, *, top_p: float = 1.0, chat_template: bool = False):
         self.tokenizer = tokenizer
         self.top_p = top_p
+        self.chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
+
+    def render(self, prompt: str) -> str:
+        """The text the model sees: the prompt inside the tokenizer's chat template when asked for and present."""
+        if not self.chat_template:
+            return prompt
+        messages = [{"role": "user", "content": prompt}]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     @torch.no_grad()
     def generate(self, model, prompts: list[str], *, temperature: float, max_new_tokens: int) -> Rollout:
         tok = self.tokenizer
         tok.padding_side = "left"
-        enc = tok(prompts, padding=True, return_tensors="pt")
+        # a chat template writes its own special tokens
+        enc = tok(
+            [self.render(p) for p in prompts],
+            padding=True,
+            return_tensors="pt",
+            add_special_tokens=not self.chat_template,
+        )
         sampling = dict(temperature=temperature, top_p=self.top_p, top_k=0) if temperature > 0 else {}
         was_training = model.training
         model.eval()

@@ -1,4 +1,8 @@
-"""One ``rlx train``: compose → validate → build → loop → track, with a FAILED/KILLED run on errors."""
+"""One ``rlx train``: compose → validate → build → loop → track, with a FAILED/KILLED run on errors.
+
+Exit codes: 0 done, 2 a mistake in the input (nothing run, nothing written), 1 the training diverged
+(``trainer.max_skipped``), 130/143 stopped by Ctrl-C/SIGTERM (a checkpoint written when the loop had started).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,14 @@ import shutil
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from rlx_cli.compose import ablations, choices_of, compose, job_config
 from rlx_cli.progress import Progress
+from rlx_cli.signals import Stopped, StopRequests
 from rlx_cli.track import git_sha, make_tracker, tracking_uri, write_json
 from rlx_cli.validate import validate
 
@@ -31,6 +37,9 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
         return None
     validate(cfg)
     job = job_config(cfg)
+    from rlx_cli import checkpoint  # torch: only once the config is known to be good
+
+    checkpoint.check_output_dir(job)
     choices = choices_of(cfg)
     tags = {
         "rlx.algo": str(choices["algo"]),
@@ -43,28 +52,57 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
     progress = Progress()
     tracker = make_tracker(job, run_name(cfg))
     tracker.connect()  # a bad tracking URI fails here, before any work
-    from rlx_cli.build import build
-    from rlx_cli.loop import train
-
-    parts = build(job, progress)
     output_dir = Path(job.trainer.output_dir)
-    tracker.start(job, tags)
-    started = time.perf_counter()
+    with StopRequests() as stop, exit_on_stop():
+        from rlx_cli.build import build
+        from rlx_cli.loop import train
+
+        parts = build(job, progress)
+        state = checkpoint.resume(job, parts, progress)
+        tracker.start(job, tags, run_id=state.run_id)
+        state.run_id = tracker.run_id
+        started = time.perf_counter()
+        with ending(tracker, output_dir):
+            with stop.deferred():
+                final = dict(train(job, parts, tracker, progress, stop, state))
+            final["perf/total_s"] = time.perf_counter() - started
+            save_final(parts, output_dir)
+            write_json(output_dir / "metrics.json", final)
+            tracker.log_artifact(output_dir / "metrics.json")
+    print_summary(final, tracker.run_id, output_dir, job)
+    return final
+
+
+@contextmanager
+def exit_on_stop():
+    """A signal: one line on stderr and exit 128 + its number."""
     try:
-        final = train(job, parts, tracker, progress)
-        final["perf/total_s"] = time.perf_counter() - started
-        save_final(parts, output_dir)
-        write_json(output_dir / "metrics.json", final)
-        tracker.log_artifact(output_dir / "metrics.json")
-    except KeyboardInterrupt:
-        tracker.end("KILLED", error="interrupted")
+        yield
+    except Stopped as stopped:
+        print(f"rlx train: {stopped}", file=sys.stderr)
+        raise SystemExit(stopped.code) from None
+
+
+@contextmanager
+def ending(tracker, output_dir: Path):
+    """End the tracked run FINISHED; KILLED on a signal; FAILED on anything else (a divergence exits 1)."""
+    from rlx_cli import checkpoint
+    from rlx_cli.loop import Diverged
+
+    try:
+        yield
+    except Stopped as stopped:
+        tracker.end("KILLED", error=str(stopped))
         raise
+    except Diverged as error:
+        tracker.end("FAILED", error=str(error))
+        last = checkpoint.latest(output_dir)
+        print(f"error: training diverged: {error}; last good checkpoint: {last or 'none'}", file=sys.stderr)
+        raise SystemExit(1) from None
     except BaseException as error:
         tracker.end("FAILED", error=f"{type(error).__name__}: {error}")
         raise
     tracker.end("FINISHED")
-    print_summary(final, tracker.run_id, output_dir, job)
-    return final
 
 
 def save_final(parts, output_dir: Path) -> None:
@@ -95,5 +133,6 @@ def print_summary(final: dict[str, float], run_id: str | None, output_dir: Path,
     table.add_row("output", str(output_dir))
     if run_id:
         table.add_row("mlflow run", f"{run_id} in experiment '{cfg.tracking.experiment}' at {tracking_uri()}")
-        table.add_row("browse", f"mlflow ui --backend-store-uri {tracking_uri()}")
+        server = tracking_uri().startswith(("http://", "https://"))
+        table.add_row("browse", tracking_uri() if server else "rlx ui  (mlflow ui on this store, 127.0.0.1:5000)")
     Console(file=sys.stdout).print(table)

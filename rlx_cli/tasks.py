@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from omegaconf import DictConfig
 
@@ -22,6 +23,8 @@ class Problem:
 
 class SumsTask:
     """Procedural running sums; ``worked(terms, carry_drop, rng)`` writes a (possibly defective) solution."""
+
+    reward_errors = 0  # the exact verifier cannot fail
 
     def __init__(self, *, min_terms: int, max_terms: int, eval_size: int, eval_seed: int):
         if not 2 <= min_terms <= max_terms:
@@ -50,6 +53,9 @@ class SumsTask:
     def score(response: str, problem: Problem) -> float:
         return float(response.rpartition("#")[2].strip() == problem.answer and "#" in response)
 
+    def score_batch(self, responses: list[str], problems: list[Problem]) -> list[float]:
+        return [self.score(r, p) for r, p in zip(responses, problems)]
+
 
 def worked(terms: list[int], carry_drop: float, rng: random.Random) -> str:
     """``[3, 4, 5]`` -> ``3+4=7,7+5=12#12``; a crossing of a multiple of ten loses its carry w.p. ``carry_drop``."""
@@ -63,9 +69,100 @@ def worked(terms: list[int], carry_drop: float, rng: random.Random) -> str:
     return ",".join(steps) + f"#{total}"
 
 
-TASKS = {"sums": SumsTask}
+class FileTask:
+    """Prompts and reference answers from a JSONL or Parquet file, scored by a named verifier.
+
+    Each row needs ``prompt_field`` and ``answer_field``; ``template`` formats the prompt from the row
+    (``{prompt}`` is the prompt field). The eval set is ``eval_path`` or the last ``eval_fraction`` of rows.
+    """
+
+    def __init__(
+        self,
+        *,
+        path,
+        eval_path,
+        eval_fraction: float,
+        prompt_field: str,
+        answer_field: str,
+        template: str,
+        verifier: str,
+        answer_pattern: str | None,
+        verifier_timeout: float,
+        chat_template: bool,
+    ):
+        from rlx_cli.verifiers import load_verifier
+
+        rows = read_rows(path, "task.path", (prompt_field, answer_field))
+        if eval_path:
+            eval_rows = read_rows(eval_path, "task.eval_path", (prompt_field, answer_field))
+        else:
+            if not 0 < eval_fraction < 1:
+                raise UserError(f"task.eval_fraction={eval_fraction} is out of range (valid: between 0 and 1)")
+            cut = max(1, round(len(rows) * (1 - eval_fraction)))
+            rows, eval_rows = rows[:cut], rows[cut:] or rows[-1:]
+        self.template, self.prompt_field, self.answer_field = template, prompt_field, answer_field
+        self.train = [self.problem(r) for r in rows]
+        self.eval_problems = [self.problem(r) for r in eval_rows]
+        self.verify = load_verifier(verifier, answer_pattern)
+        self.timeout = verifier_timeout
+        self.chat_template = chat_template
+        self.reward_errors = 0  # verifier exceptions and time-outs so far, each scored 0
+
+    def problem(self, row: dict) -> Problem:
+        try:
+            prompt = self.template.format(**{**row, "prompt": row[self.prompt_field]})
+        except (KeyError, IndexError, ValueError) as error:
+            raise UserError(f"task.template={self.template!r} does not fit the rows: {error}") from None
+        return Problem(prompt=prompt, answer=str(row[self.answer_field]))
+
+    def train_problems(self, n: int, *, seed: int, step: int, draw: int = 0) -> list[Problem]:
+        rng = random.Random(f"train-{seed}-{step}-{draw}")
+        return [rng.choice(self.train) for _ in range(n)]
+
+    def score(self, response: str, problem: Problem) -> float:
+        return self.score_batch([response], [problem])[0]
+
+    def score_batch(self, responses: list[str], problems: list[Problem]) -> list[float]:
+        from rlx_cli.verifiers import score_all
+
+        rewards, errors = score_all(self.verify, [(r, p.answer) for r, p in zip(responses, problems)], self.timeout)
+        self.reward_errors += errors
+        return rewards
 
 
-def build_task(cfg: DictConfig) -> SumsTask:
+def read_rows(path, key: str, fields: tuple[str, ...]) -> list[dict]:
+    """Rows of a ``.jsonl``/``.json`` or ``.parquet`` file; one clear line for every way it can be wrong."""
+    import pandas as pd
+
+    file = Path(str(path)).expanduser()
+    if not file.is_file():
+        raise UserError(f"{key}={path} does not exist (valid: a .jsonl or .parquet file)")
+    try:
+        if file.suffix == ".parquet":
+            frame = pd.read_parquet(file)
+        elif file.suffix in (".jsonl", ".json"):
+            frame = pd.read_json(file, lines=file.suffix == ".jsonl", dtype=False)
+        else:
+            raise UserError(f"{key}={path} has an unknown format (valid: .jsonl, .json, .parquet)")
+    except UserError:
+        raise
+    except Exception as error:  # noqa: BLE001 - pandas/pyarrow raise many kinds for a malformed file
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UserError(f"{key}={path} cannot be read: {first}") from None
+    if frame.empty:
+        raise UserError(f"{key}={path} has no rows")
+    missing = [f for f in fields if f not in frame.columns]
+    if missing:
+        raise UserError(
+            f"{key}={path} has no field {missing[0]!r} (fields: {', '.join(map(str, frame.columns))}); "
+            "set task.prompt_field / task.answer_field"
+        )
+    return frame.to_dict("records")
+
+
+TASKS = {"sums": SumsTask, "jsonl": FileTask}
+
+
+def build_task(cfg: DictConfig) -> SumsTask | FileTask:
     params = {k: v for k, v in cfg.items() if k != "name"}
     return TASKS[cfg.name](**params)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
+import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +55,7 @@ class NullTracker:
     run_id = None
 
     def connect(self) -> None: ...
-    def start(self, cfg: DictConfig, tags: dict[str, str]) -> None: ...
+    def start(self, cfg: DictConfig, tags: dict[str, str], run_id: str | None = None) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
     def log_artifact(self, path: Path) -> None: ...
     def end(self, status: str, error: str | None = None) -> None: ...
@@ -71,17 +74,33 @@ class MlflowTracker:
         self.run_id: str | None = None
 
     def connect(self) -> None:
-        """Open the store and the experiment; an unusable URI is the user's error."""
+        """Open the store and the experiment; an unusable URI is the user's error, reported within seconds."""
         self.mlflow.set_tracking_uri(tracking_uri())
         try:
-            self.mlflow.set_experiment(self.experiment)
+            with fail_fast_http():
+                self.mlflow.set_experiment(self.experiment)
         except Exception as error:  # noqa: BLE001 - any store failure comes from the user's URI
-            first = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise UserError(f"MLFLOW_TRACKING_URI={tracking_uri()} is not usable: {first}") from error
+            raise UserError(
+                f"MLFLOW_TRACKING_URI={tracking_uri()} is not usable: {reason(error)} "
+                "(valid: a reachable MLflow server, sqlite:///FILE.db or a directory; or tracking=none)"
+            ) from error
 
-    def start(self, cfg: DictConfig, tags: dict[str, str]) -> None:
+    def start(self, cfg: DictConfig, tags: dict[str, str], run_id: str | None = None) -> None:
+        """A new run; with ``run_id`` (a resumed training) that run again, back to RUNNING, params untouched."""
         mlflow = self.mlflow
-        run = mlflow.start_run(run_name=self.run_name, tags=tags)
+        if run_id:
+            try:
+                mlflow.start_run(run_id=run_id)
+            except mlflow.exceptions.MlflowException as error:
+                raise UserError(
+                    f"the checkpoint's MLflow run {run_id} cannot be continued in experiment '{self.experiment}' "
+                    f"at {tracking_uri()}: {reason(error)}"
+                ) from error
+            self.run_id = run_id
+            return
+        # `rlx sweep` workers: a child of the study's parent run (sets the tag mlflow.parentRunId)
+        parent = os.environ.get("RLX_PARENT_RUN_ID") or None
+        run = mlflow.start_run(run_name=self.run_name, tags=tags, parent_run_id=parent)
         self.run_id = run.info.run_id
         params = flatten(OmegaConf.to_container(cfg, resolve=True))
         mlflow.log_params({k: str(v)[:6000] for k, v in params.items()})
@@ -100,6 +119,46 @@ class MlflowTracker:
         if error:
             self.mlflow.set_tag("rlx.error", error[:5000])
         self.mlflow.end_run(status=status)
+
+
+@contextmanager
+def fail_fast_http():
+    """No retries and a short time-out while connecting: MLflow's defaults wait minutes for a dead server."""
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def reason(error: Exception) -> str:
+    """An exception's gist in one short line ('[Errno 111] Connection refused' from a wall of HTTP text)."""
+    text = str(error)
+    errno = re.search(r"\[Errno -?\d+\] [^'\")]+", text)
+    first = errno.group(0) if errno else (text.splitlines()[0] if text else type(error).__name__)
+    return first[:200]
+
+
+def ui_command(host: str, port: int) -> int:
+    """``mlflow ui`` on the current store, bound to ``host`` (loopback unless asked); -> its exit code."""
+    uri = tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        raise UserError(f"MLFLOW_TRACKING_URI={uri} is a tracking server already: open it in a browser")
+    if not 1 <= port <= 65535:
+        raise UserError(f"--port {port} is out of range (valid: 1 to 65535)")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"rlx ui: --host {host} lets other machines read your runs", file=sys.stderr)
+    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    print(f"rlx ui: http://{host}:{port}  (store {uri}; Ctrl-C stops it)", file=sys.stderr)
+    try:
+        return subprocess.call(argv)
+    except KeyboardInterrupt:
+        return 130
 
 
 def make_tracker(cfg: DictConfig, run_name: str):

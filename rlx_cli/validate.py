@@ -7,6 +7,7 @@ engine's own keys by the table below. Any problem is one ``UserError`` naming th
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -18,7 +19,7 @@ INF = math.inf
 ENGINE_KEYS: dict[str, tuple] = {
     "seed": (int, 0, 2**32 - 1),
     "model.finetune": (str, ("full", "lora")),
-    "model.dtype": (str, ("float32", "bfloat16", "float16")),
+    "model.dtype": (str, ("auto", "float32", "bfloat16", "float16")),
     "model.trust_remote_code": (bool, (True, False)),
     "rollout.prompts_per_step": (int, 1, 1_000_000),
     "rollout.group_size": (int, 1, 10_000),
@@ -34,9 +35,12 @@ ENGINE_KEYS: dict[str, tuple] = {
     "trainer.epochs": (int, 1, 1000),
     "trainer.minibatches": (int, 1, 1_000_000),
     "trainer.ckpt_every": (int, 0, 10_000_000),
+    "trainer.keep_ckpts": (int, 1, 1_000_000),
     "trainer.resume": (bool, (True, False)),
+    "trainer.max_skipped": (int, 0, 1_000_000),
     "trainer.threads": (int, 0, 1024),
     "critic.lr": (float, 1e-12, 1.0),
+    "task.verifier_timeout": (float, 1e-3, 3600.0),
     "value_pretrain.steps": (int, 0, 1_000_000),
     "tracking.name": (str, ("mlflow", "none")),
     "kl.placement": (str, ("reward", "loss")),
@@ -52,7 +56,11 @@ ENGINE_KEYS: dict[str, tuple] = {
 
 def validate(cfg: DictConfig) -> None:
     from components import registry
+    from rlx_cli.compose import job_config
 
+    missing = sorted(OmegaConf.missing_keys(job_config(cfg)))
+    if missing:
+        raise UserError(f"{missing[0]} is required (set {missing[0]}=...)")
     for group in registry.WIRING_KEYS:
         try:
             registry.validate(group, OmegaConf.to_container(cfg[group], resolve=True))
@@ -60,6 +68,10 @@ def validate(cfg: DictConfig) -> None:
             raise UserError(str(error)) from error
     for key, rule in ENGINE_KEYS.items():
         check(key, OmegaConf.select(cfg, key, default=None), rule)
+    if cfg.trainer.lr is None:
+        raise UserError(f"trainer.lr is not set and model.lr has no rate for model.finetune={cfg.model.finetune}")
+    if cfg.model.path and not (Path(str(cfg.model.path)) / "config.json").is_file():
+        raise UserError(f"model.path={cfg.model.path} is not a Hugging Face model directory (no config.json)")
     rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     if cfg.trainer.minibatches > rows:
         raise UserError(
@@ -81,5 +93,10 @@ def check(key: str, value: Any, rule: tuple) -> None:
         if value not in rule[1]:
             raise UserError(f"{key}={value!r} is not valid (valid: {', '.join(map(str, rule[1]))})")
     elif not rule[1] <= value <= rule[2]:
-        high = "" if rule[2] == INF else f" to {rule[2]:g}"
-        raise UserError(f"{key}={value} is out of range (valid: {rule[1]:g}{high or ' or more'})")
+        high = " or more" if rule[2] == INF else f" to {number(rule[2])}"
+        raise UserError(f"{key}={value} is out of range (valid: {number(rule[1])}{high})")
+
+
+def number(x: float) -> str:
+    """10000000 as 10000000 and 1e-12 as 1e-12 (not 1e+07)."""
+    return str(x) if isinstance(x, int) else f"{x:g}"

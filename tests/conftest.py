@@ -27,7 +27,11 @@ def rlx(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None) ->
     """``rlx ARGS`` as a user runs it, in ``cwd``; never raises on a non-zero exit."""
     return subprocess.run(
         [sys.executable, "-m", "rlx_cli", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
 
 

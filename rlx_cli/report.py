@@ -1,0 +1,220 @@
+"""``rlx report``: tracked runs -> an ablation table (one row per arm, mean ± std over seeds) and learning curves.
+
+1. read the FINISHED runs of an experiment or a study from MLflow (any tracking URI), without study parents
+2. group them into arms by their overrides minus ``seed=`` (the latest run per seed counts)
+3. reduce each run's metric history to one number (last | max | mean_last_k), then mean ± std per arm
+4. Δ vs the baseline arm (default: the first arm without an ablation), optionally Welch p and a bootstrap CI
+5. format (md | csv | tex | html, see ``report_format``) and optionally plot the curves
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from rlx_cli import stats
+from rlx_cli.errors import UserError
+from rlx_cli.sweep import SEED_KEY, STUDY_NAME, STUDY_ROLE, canonical, key_of
+from rlx_cli.track import tracking_uri
+
+REDUCE = ("last", "max", "mean_last_k")
+FORMATS = ("md", "csv", "tex", "html")
+
+
+@dataclass
+class Arm:
+    key: str  # the canonical overrides without the seed
+    algo: str
+    ablate: str
+    runs: list = field(default_factory=list)  # mlflow Run objects, one per seed
+    label: str = ""
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.key.split()
+
+
+def connect():
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    for noisy in ("alembic", "mlflow"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).is_file():
+        raise UserError(f"no MLflow store at {uri} (set MLFLOW_TRACKING_URI to the store your runs went to)")
+    mlflow.set_tracking_uri(uri)
+    return mlflow, MlflowClient()
+
+
+def load_runs(experiment: str | None, study: str | None) -> list:
+    """The FINISHED ``rlx train`` runs of the experiment and/or study; a one-line error names what exists."""
+    mlflow, client = connect()
+    experiments = sorted(e.name for e in client.search_experiments())
+    listing = f"experiments: {', '.join(experiments) or '(none)'}"
+    if experiment is None and study is None:
+        raise UserError(f"pass --experiment NAME or --study NAME ({listing})")
+    ids = None
+    if experiment is not None:
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
+            raise UserError(f"unknown experiment '{experiment}' at {tracking_uri()} ({listing})")
+        ids = [found.experiment_id]
+    filters = ["attributes.status = 'FINISHED'"]
+    if study is not None:
+        if not STUDY_NAME.match(study):
+            raise UserError(f"--study '{study}' is not a valid name (valid: letters, digits, '_', '-', '.')")
+        filters.append(f"tags.`rlx.study` = '{study}'")
+    query = " and ".join(filters)
+    runs = mlflow.search_runs(ids, query, search_all_experiments=ids is None, output_format="list")
+    runs = [r for r in runs if r.data.tags.get("rlx.role") != STUDY_ROLE and "rlx.overrides" in r.data.tags]
+    if not runs:
+        parents = mlflow.search_runs(
+            search_all_experiments=True, filter_string=f"tags.`rlx.role` = '{STUDY_ROLE}'", output_format="list"
+        )
+        studies = sorted({r.data.tags.get("rlx.study", "") for r in parents} - {""})
+        where = " and ".join(f"{k} '{v}'" for k, v in (("experiment", experiment), ("study", study)) if v)
+        raise UserError(f"no FINISHED runs in {where} ({listing}; studies: {', '.join(studies) or '(none)'})")
+    return runs
+
+
+def group_arms(runs: list) -> list[Arm]:
+    """Arms by overrides minus the seed, in the order they started; labels name what differs between them."""
+    arms: dict[str, Arm] = {}
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        tags = run.data.tags
+        key = " ".join(t for t in canonical(tags["rlx.overrides"]).split() if key_of(t) != SEED_KEY)
+        arm = arms.setdefault(key, Arm(key, tags.get("rlx.algo", "?"), tags.get("rlx.ablate", "none")))
+        seed = tags.get("rlx.seed", "?")
+        arm.runs = [r for r in arm.runs if r.data.tags.get("rlx.seed", "?") != seed] + [run]  # a re-run replaces
+    found = list(arms.values())
+    common = set.intersection(*(set(a.tokens) for a in found))
+    seen: dict[str, int] = {}
+    for arm in found:
+        differing = [t for t in arm.tokens if t not in common and key_of(t) not in ("algo", "ablate")]
+        ablate = [] if arm.ablate == "none" else [f"+ablate={arm.ablate}"]
+        label = " ".join([arm.algo, *ablate, *differing])
+        seen[label] = seen.get(label, 0) + 1
+        arm.label = label if seen[label] == 1 else f"{label} #{seen[label]}"
+    return found
+
+
+def common_overrides(arms: list[Arm]) -> str:
+    common = set.intersection(*(set(a.tokens) for a in arms))
+    return " ".join(t for t in arms[0].tokens if t in common)
+
+
+def pick_baseline(arms: list[Arm], baseline: str | None) -> Arm:
+    """``--baseline``: an arm's label, or overrides that single out one arm; default: the first without ablation."""
+    if baseline is None:
+        return next((a for a in arms if a.ablate == "none"), arms[0])
+    exact = [a for a in arms if a.label == baseline]
+    wanted = set(baseline.split())
+    matches = exact or [a for a in arms if wanted <= set(a.tokens) | {a.algo, a.label}]
+    if len(matches) != 1:
+        labels = "; ".join(a.label for a in arms)
+        raise UserError(f"--baseline '{baseline}' matches {len(matches)} arms (valid: {labels})")
+    return matches[0]
+
+
+def histories(client, runs: list, metrics: list[str]) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """(run_id, metric) -> [(step, value)] sorted by step, the last write of a step winning."""
+    out = {}
+    for run in runs:
+        for metric in metrics:
+            points = sorted(client.get_metric_history(run.info.run_id, metric), key=lambda m: (m.step, m.timestamp))
+            out[run.info.run_id, metric] = list({m.step: m.value for m in points}.items())
+    return out
+
+
+def reduce(points: list[tuple[int, float]], how: str, k: int) -> float | None:
+    values = [v for _, v in points]
+    if not values:
+        return None
+    if how == "last":
+        return values[-1]
+    if how == "max":
+        return max(values)
+    return stats.mean(values[-k:])
+
+
+def build_table(arms, base: Arm, curves, metric: str, extras: list[str], how: str, k: int, with_stats: bool):
+    """Raw numbers, one row per arm (baseline first): what every format prints."""
+    per_arm = {
+        (arm.label, m): [v for r in arm.runs if (v := reduce(curves[r.info.run_id, m], how, k)) is not None]
+        for arm in arms
+        for m in [metric, *extras]
+    }
+    reference = per_arm[base.label, metric]
+    rows = []
+    for arm in [base] + [a for a in arms if a is not base]:
+        values = per_arm[arm.label, metric]
+        row = {"arm": arm.label, "n": len(values), "mean": stats.mean(values), "std": stats.std(values)}
+        row["delta"] = row["mean"] - stats.mean(reference) if values and reference else stats.NAN
+        if with_stats:
+            row["p_value"] = stats.welch(values, reference)[2] if arm is not base else stats.NAN
+            low, high = stats.bootstrap_diff_ci(values, reference) if arm is not base else (stats.NAN, stats.NAN)
+            row["ci_low"], row["ci_high"] = low, high
+        for m in extras:
+            row[f"{m} mean"], row[f"{m} std"] = stats.mean(per_arm[arm.label, m]), stats.std(per_arm[arm.label, m])
+        row["overrides"] = arm.key
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def report_command(
+    *,
+    experiment: str | None = None,
+    study: str | None = None,
+    metric: str = "eval/accuracy",
+    baseline: str | None = None,
+    reduce_by: str = "last",
+    k: int = 3,
+    fmt: str = "md",
+    out: Path | None = None,
+    plots: Path | None = None,
+    extra_metrics: str | None = None,
+    with_stats: bool = False,
+    minimize: bool = False,
+) -> str:
+    """``rlx report``: returns the formatted table (and writes it to ``out``, the curves to ``plots``)."""
+    from rlx_cli import report_format
+
+    if reduce_by not in REDUCE:
+        raise UserError(f"--reduce {reduce_by} is not valid (valid: {', '.join(REDUCE)})")
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt} is not valid (valid: {', '.join(FORMATS)})")
+    if k < 1:
+        raise UserError(f"--k {k} is not valid (valid: 1 or more)")
+    extras = [m.strip() for m in (extra_metrics or "").split(",") if m.strip()]
+    runs = load_runs(experiment, study)
+    known = sorted({m for r in runs for m in r.data.metrics})
+    for name in [metric, *extras]:
+        if name not in known:
+            raise UserError(f"no metric '{name}' in these runs (valid: {', '.join(known)})")
+    arms = group_arms(runs)
+    base = pick_baseline(arms, baseline)
+    _, client = connect()
+    curves = histories(client, [r for a in arms for r in a.runs], [metric, *extras])
+    table = build_table(arms, base, curves, metric, extras, reduce_by, k, with_stats)
+    what = reduce_by if reduce_by != "mean_last_k" else f"mean of the last {k}"
+    context = report_format.Context(
+        metric=metric,
+        reduce=what,
+        baseline=base.label,
+        common=common_overrides(arms),
+        source=" · ".join(f"{k_} {v}" for k_, v in (("experiment", experiment), ("study", study)) if v),
+        extras=extras,
+        minimize=minimize,
+    )
+    text = report_format.render(table, context, fmt)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    if plots is not None:
+        for path in report_format.plot_curves(arms, curves, [metric, *extras], plots):
+            print(f"wrote {path}", flush=True)
+    return text

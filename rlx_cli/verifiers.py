@@ -1,0 +1,93 @@
+"""Verifiers: a response and a reference answer -> a reward in [0, 1].
+
+``exact`` compares the last line (after an optional ``####`` or ``answer:`` marker) with the answer;
+``math`` uses math-verify (symbolic equality of the last expression; its own timeouts are off so it runs
+in threads, and rlx's timeout applies); ``regex`` extracts the first group of ``task.answer_pattern``;
+``module:function`` calls a user function ``fn(response: str, answer: str) -> float``.
+Every call runs in a daemon thread with ``task.verifier_timeout`` seconds: an exception or a time-out is
+reward 0 and is counted, never a crash.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+import time
+from collections.abc import Callable
+
+from rlx_cli.errors import UserError
+
+Verifier = Callable[[str, str], float]
+
+
+def exact(response: str, answer: str) -> float:
+    last = response.strip().splitlines()[-1] if response.strip() else ""
+    last = re.split(r"####|answer:", last, flags=re.IGNORECASE)[-1]
+    return float(last.strip() == answer.strip())
+
+
+def math(response: str, answer: str) -> float:
+    from math_verify import parse, verify
+
+    gold = parse(answer, parsing_timeout=None)
+    predicted = parse(response, parsing_timeout=None)
+    return float(verify(gold, predicted, timeout_seconds=None))
+
+
+def regex(pattern: str) -> Verifier:
+    compiled = re.compile(pattern)
+
+    def check(response: str, answer: str) -> float:
+        found = compiled.search(response)
+        return float(found is not None and (found.group(1) if compiled.groups else found.group(0)).strip() == answer)
+
+    return check
+
+
+def load_verifier(name: str, answer_pattern: str | None) -> Verifier:
+    """``exact`` | ``math`` | ``regex`` | ``module:function``."""
+    if name == "exact":
+        return exact
+    if name == "math":
+        try:
+            import math_verify  # noqa: F401
+        except ImportError:
+            raise UserError("task.verifier=math needs math-verify: pip install 'rlx[math]'") from None
+        return math
+    if name == "regex":
+        if not answer_pattern:
+            raise UserError("task.verifier=regex needs task.answer_pattern (a regex whose first group is the answer)")
+        try:
+            return regex(answer_pattern)
+        except re.error as error:
+            raise UserError(f"task.answer_pattern={answer_pattern!r} is not a valid regex: {error}") from None
+    module, _, function = name.partition(":")
+    if not function:
+        raise UserError(f"task.verifier={name} is not valid (valid: exact, math, regex, module:function)")
+    try:
+        return getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as error:
+        raise UserError(f"task.verifier={name} cannot be imported: {error}") from None
+
+
+def score_all(verifier: Verifier, pairs: list[tuple[str, str]], timeout: float) -> tuple[list[float], int]:
+    """Run ``verifier`` on every (response, answer) in parallel threads -> (rewards, how many failed)."""
+    rewards: list[float] = [0.0] * len(pairs)
+    failed = [True] * len(pairs)
+
+    def run(i: int, response: str, answer: str) -> None:
+        try:
+            rewards[i] = float(verifier(response, answer))
+            failed[i] = False
+        except Exception:  # noqa: BLE001 - a user's verifier may raise anything; it costs the sample its reward
+            rewards[i] = 0.0
+
+    threads = [threading.Thread(target=run, args=(i, *pair), daemon=True) for i, pair in enumerate(pairs)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout  # one budget for the whole batch
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))  # a hung verifier keeps its daemon thread
+    done = [not bad for bad in failed]  # a snapshot: late finishers no longer count
+    return [r if ok else 0.0 for r, ok in zip(rewards, done)], done.count(False)

@@ -1,0 +1,210 @@
+"""Every user mistake: one line naming the key or file and what is valid, exit 2, no traceback, no run, no files.
+
+The table below is the one in docs/errors.md; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from conftest import rlx
+
+TRAIN = ["train", "trainer.steps=3", "trainer.eval_every=0", "trainer.threads=1", "trainer.output_dir=out"]
+LOAD = [*TRAIN, "tracking=none"]  # mistakes found while loading files: no store needed to show them
+
+
+def tiny_model(path: Path) -> None:
+    """A randomly initialised two-layer Llama with rlx's character tokenizer, in ``save_pretrained`` format."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlx_cli.base_model import VOCAB_SIZE, char_tokenizer
+
+    tokenizer = char_tokenizer()
+    config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, vocab_size=VOCAB_SIZE, max_position_embeddings=64,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+
+
+def truncated_weights(workdir: Path) -> None:
+    tiny_model(workdir / "model")
+    weights = workdir / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+
+
+def garbage_config(workdir: Path) -> None:
+    (workdir / "model").mkdir()
+    (workdir / "model" / "config.json").write_text("{this is not json")
+
+
+def write(name: str, text: str):
+    def setup(workdir: Path) -> None:
+        (workdir / name).write_text(text)
+
+    return setup
+
+
+def an_experiment(workdir: Path) -> None:
+    import mlflow
+
+    mlflow.set_tracking_uri(store(workdir))
+    mlflow.set_experiment("other")
+
+
+def checkpoint_dir(workdir: Path, state_json: str) -> Path:
+    ckpt = workdir / "out" / "checkpoints" / "step-000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text(state_json)
+    return ckpt
+
+
+def corrupt_checkpoint(workdir: Path) -> None:
+    ckpt = checkpoint_dir(workdir, "{truncated")
+    (ckpt / "policy.safetensors").write_bytes(b"\x00" * 10)
+
+
+ROWS = "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(10))
+UNREACHABLE = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}  # loopback, a port nothing listens on
+
+# (id, argv, texts the error line names, extra environment, set-up in the working directory)
+CASES = [
+    # choices and overlays
+    ("unknown-algo", [*TRAIN, "algo=nope"], ["algo 'nope'", "grpo"], None, None),
+    ("unknown-group-choice", [*TRAIN, "advantage=nope"], ["advantage", "gae", "rloo"], None, None),
+    ("unknown-overlay", [*TRAIN, "+ablate=no_such"], ["ablate 'no_such'", "no_value_pretrain"], None, None),
+    ("overlay-not-for-preset", [*TRAIN, "algo=grpo", "+ablate=no_value_pretrain"],
+     ["+ablate=no_value_pretrain", "algo=grpo"], None, None),
+    # keys, types, syntax
+    ("unknown-key", [*TRAIN, "trainer.nope=1"], ["trainer.nope", "steps"], None, None),
+    ("unknown-top-level-key", [*TRAIN, "stepz=5"], ["stepz", "trainer"], None, None),
+    ("override-without-value", [*TRAIN, "trainer.steps"], ["trainer.steps", "key=value"], None, None),
+    ("unknown-option", [*TRAIN, "--nope"], ["--nope", "--cfg"], None, None),
+    ("cfg-mode", [*TRAIN, "--cfg", "yaml"], ["--cfg", "job"], None, None),
+    ("type-steps", [*TRAIN, "trainer.steps=abc"], ["trainer.steps", "int"], None, None),
+    ("type-temperature", [*TRAIN, "rollout.temperature=hot"], ["rollout.temperature", "float"], None, None),
+    ("type-eps", [*TRAIN, "policy_loss.eps_high=wide"], ["policy_loss.eps_high", "float"], None, None),
+    ("type-bool", [*TRAIN, "trainer.resume=maybe"], ["trainer.resume", "bool"], None, None),
+    ("choice-finetune", [*TRAIN, "model.finetune=qlora"], ["model.finetune", "lora"], None, None),
+    ("choice-kl-kind", [*TRAIN, "kl=estimate", "kl.kind=k9"], ["kl.kind", "k3"], None, None),
+    # ranges
+    ("range-eps-high", [*TRAIN, "policy_loss.eps_high=1.5"], ["policy_loss.eps_high", "valid"], None, None),
+    ("range-eps-low", [*TRAIN, "policy_loss.eps_low=-0.1"], ["policy_loss.eps_low", "valid"], None, None),
+    ("range-policy-lam", [*TRAIN, "lam_schedule.policy_lam=1.5"], ["lam_schedule.policy_lam", "1"], None, None),
+    ("range-critic-lam", [*TRAIN, "algo=vapo", "lam_schedule.critic_lam=2"], ["lam_schedule.critic_lam"], None, None),
+    ("range-alpha", [*TRAIN, "algo=vapo", "lam_schedule.alpha=0"], ["lam_schedule.alpha"], None, None),
+    ("range-group-size", [*TRAIN, "rollout.group_size=0"], ["rollout.group_size", "1 to"], None, None),
+    ("range-steps-zero", [*TRAIN, "trainer.steps=0"], ["trainer.steps=0", "1 to"], None, None),
+    ("range-temperature-zero", [*TRAIN, "rollout.temperature=0"], ["rollout.temperature=0"], None, None),
+    ("range-lr-zero", [*TRAIN, "trainer.lr=0"], ["trainer.lr=0"], None, None),
+    ("range-seed", [*TRAIN, "seed=-1"], ["seed=-1", "0 to"], None, None),
+    ("range-minibatches", [*TRAIN, "trainer.minibatches=1000"], ["trainer.minibatches"], None, None),
+    ("range-max-skipped", [*TRAIN, "trainer.max_skipped=-1"], ["trainer.max_skipped"], None, None),
+    # model files
+    ("model-missing", [*TRAIN, "model.path=missing"], ["model.path=missing", "config.json"], None, None),
+    ("model-is-a-file", [*TRAIN, "model.path=notes.txt"], ["model.path=notes.txt"], None, write("notes.txt", "hi")),
+    ("model-garbage-config", [*LOAD, "model.path=model"], ["model.path=model", "config"], None, garbage_config),
+    ("model-truncated-weights", [*LOAD, "model.path=model"], ["model.path=model"], None, truncated_weights),
+    # dataset files
+    ("data-path-unset", [*TRAIN, "task=jsonl"], ["task.path", "required"], None, None),
+    ("data-missing", [*LOAD, "task=jsonl", "task.path=nope.jsonl"], ["task.path=nope.jsonl"], None, None),
+    ("data-empty", [*LOAD, "task=jsonl", "task.path=d.jsonl"], ["task.path=d.jsonl", "no rows"], None,
+     write("d.jsonl", "")),
+    ("data-malformed", [*LOAD, "task=jsonl", "task.path=d.jsonl"], ["task.path=d.jsonl"], None,
+     write("d.jsonl", '{"prompt": "1+1=", "answer": \n')),
+    ("data-missing-field", [*LOAD, "task=jsonl", "task.path=d.jsonl", "task.answer_field=solution"],
+     ["task.path=d.jsonl", "solution"], None, write("d.jsonl", ROWS)),
+    # tracking, reports, the UI
+    ("tracking-unreachable", TRAIN, ["MLFLOW_TRACKING_URI=http://127.0.0.1:9"], UNREACHABLE, None),
+    ("report-unknown-experiment", ["report", "--experiment", "nope"], ["nope"], None, an_experiment),
+    ("ui-port", ["ui", "--port", "70000"], ["--port", "65535"], None, None),
+    # output directory and checkpoints
+    ("output-dir-has-checkpoints", TRAIN, ["trainer.output_dir=out", "trainer.resume=true"], None,
+     lambda w: checkpoint_dir(w, "{}")),
+    ("resume-corrupt-checkpoint", [*LOAD, "trainer.resume=true"], ["checkpoint", "step-000002"], None,
+     corrupt_checkpoint),
+]  # fmt: skip
+
+
+def store(workdir: Path) -> str:
+    return f"sqlite:///{workdir / 'mlflow.db'}"
+
+
+def finished_runs(workdir: Path) -> int:
+    """FINISHED runs in any experiment of the case's store (none if the store was never created)."""
+    if not (workdir / "mlflow.db").exists():
+        return 0
+    import mlflow
+
+    mlflow.set_tracking_uri(store(workdir))
+    return int((mlflow.search_runs(search_all_experiments=True)["status"] == "FINISHED").sum())
+
+
+def files(workdir: Path) -> set[Path]:
+    return {p for p in workdir.rglob("*") if p.name != "mlflow.db"}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, tuple[Path, set[Path], subprocess.CompletedProcess]]:
+    """case id -> (its working directory, the files there before, the finished ``rlx`` process).
+
+    Each case is a separate ``rlx`` process in a directory (and MLflow store) of its own; they run a few at a
+    time, since most of each one's time goes to starting Python and importing torch.
+    """
+    prepared = {}
+    for case_id, argv, _, env, setup in CASES:
+        workdir = tmp_path_factory.mktemp(case_id)
+        if setup:
+            setup(workdir)
+        prepared[case_id] = (workdir, argv, {"MLFLOW_TRACKING_URI": store(workdir), **(env or {})})
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        running = {
+            case_id: (workdir, files(workdir), pool.submit(rlx, *argv, cwd=workdir, env=env, timeout=120))
+            for case_id, (workdir, argv, env) in prepared.items()
+        }
+        return {case_id: (workdir, before, done.result()) for case_id, (workdir, before, done) in running.items()}
+
+
+@pytest.mark.parametrize(("case_id", "named"), [pytest.param(c[0], c[2], id=c[0]) for c in CASES])
+def test_a_mistake_is_one_line_exit_2_no_traceback_no_run(outcomes, case_id, named):
+    workdir, before, out = outcomes[case_id]
+    lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr and len(lines) <= 3, out.stderr
+    error = next(line for line in lines if line.startswith("error: "))
+    for text in named:
+        assert text in error, (text, error)
+    assert finished_runs(workdir) == 0
+    assert files(workdir) == before, sorted(map(str, files(workdir) - before))  # nothing half-written
+
+
+def test_there_are_at_least_25_cases_and_docs_list_them_all():
+    assert len(CASES) >= 25
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text()
+    missing = [c[0] for c in CASES if f"`{c[0]}`" not in doc]
+    assert not missing, missing
+
+
+def test_debug_shows_the_traceback(workdir):
+    out = rlx(*TRAIN, "trainer.steps=0", cwd=workdir, env={"RLX_DEBUG": "1"})
+    assert out.returncode != 0 and "Traceback" in out.stderr and "UserError" in out.stderr
+
+
+def test_rlx_ui_serves_the_current_store_on_loopback_by_default(workdir, monkeypatch):
+    import inspect
+    import subprocess
+
+    from rlx_cli import cli, track
+
+    assert inspect.signature(cli.ui).parameters["host"].default.default == "127.0.0.1"
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda argv: calls.append(argv) or 0)
+    assert track.ui_command("127.0.0.1", 5001) == 0
+    argv = calls[0]
+    assert argv[argv.index("--backend-store-uri") + 1] == f"sqlite:///{workdir / 'mlflow.db'}"
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "5001"

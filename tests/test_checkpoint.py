@@ -1,0 +1,123 @@
+"""Checkpoints and resume: a run killed with SIGKILL and resumed ends exactly where an uninterrupted one does."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from conftest import SHORT, mlflow_runs, rlx
+
+from rlx_cli import checkpoint
+
+# one torch thread: on a small shared machine more threads mostly wait for each other
+STEPS = [*(o for o in SHORT if not o.startswith("trainer.steps=")), "trainer.steps=8", "trainer.ckpt_every=2",
+         "rollout.group_size=4", "trainer.threads=1"]  # fmt: skip
+
+
+def metric_history(run_id: str) -> dict[str, dict[int, float]]:
+    """metric -> step -> value, the last logged value per step (a resumed run re-logs the steps it redid)."""
+    from mlflow.tracking import MlflowClient
+
+    client, out = MlflowClient(), {}
+    for key in client.get_run(run_id).data.metrics:
+        if key.startswith("perf/"):
+            continue
+        history = sorted(client.get_metric_history(run_id, key), key=lambda m: m.timestamp)
+        out[key] = {m.step: m.value for m in history}
+    return out
+
+
+def without_perf(metrics: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if not k.startswith("perf/")}
+
+
+def test_pack_round_trips_nested_state_with_int_keys():
+    tensors = {}
+    state = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2)}}, "groups": [{"betas": (0.9, 0.98)}]}
+    back = checkpoint.unpack(json.loads(json.dumps(checkpoint.pack(state, "", tensors))), tensors)
+    assert list(back["state"]) == [0] and torch.equal(back["state"][0]["exp_avg"], torch.ones(2))
+    assert back["groups"][0]["betas"] == [0.9, 0.98]
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_equals_an_uninterrupted_run(workdir):
+    straight = rlx("train", *STEPS, "trainer.output_dir=straight", "tracking.experiment=straight", cwd=workdir)
+    assert straight.returncode == 0, straight.stderr
+
+    killed = [*STEPS, "trainer.output_dir=killed", "tracking.experiment=killed"]
+    proc = subprocess.Popen([sys.executable, "-m", "rlx_cli", "train", *killed], cwd=workdir,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while checkpoint.latest(workdir / "killed") is None and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not (workdir / "killed" / "metrics.json").exists()
+    killed_at = checkpoint.latest(workdir / "killed")
+    assert killed_at is not None and killed_at.name != "step-000008"
+
+    resumed = rlx("train", *killed, "trainer.resume=true", cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from {killed_at.relative_to(workdir)}" in resumed.stderr
+
+    expected = json.loads((workdir / "straight" / "metrics.json").read_text())
+    got = json.loads((workdir / "killed" / "metrics.json").read_text())
+    assert without_perf(got) == without_perf(expected)
+    assert "train/reward" in got and math.isfinite(got["eval/accuracy"])
+
+    runs = mlflow_runs(workdir, "killed")
+    assert len(runs) == 1 and runs.iloc[0]["status"] == "FINISHED"
+    straight_run = mlflow_runs(workdir, "straight").iloc[0]
+    assert metric_history(runs.iloc[0]["run_id"]) == metric_history(straight_run["run_id"])
+    assert [p.name for p in checkpoint.complete(workdir / "killed" / "checkpoints")] == ["step-000006", "step-000008"]
+
+
+def test_a_fresh_run_refuses_an_output_dir_with_checkpoints(workdir):
+    (workdir / "out" / "checkpoints" / "step-000002").mkdir(parents=True)
+    (workdir / "out" / "checkpoints" / "step-000002" / "state.json").write_text("{}")
+    out = rlx("train", *SHORT, "trainer.output_dir=out", cwd=workdir)
+    assert out.returncode == 2 and "trainer.resume=true" in out.stderr and "trainer.output_dir=out" in out.stderr
+
+
+def test_a_signal_inside_the_loop_waits_for_the_step_outside_it_stops_at_once():
+    import os
+
+    from rlx_cli.signals import Stopped, StopRequests
+
+    with StopRequests() as stop:
+        with stop.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert stop.requested == signal.SIGTERM
+            assert stop.stop("checkpoint x").code == 143
+        with pytest.raises(Stopped) as stopped:
+            os.kill(os.getpid(), signal.SIGINT)
+        assert stopped.value.code == 130
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_marks_killed_and_a_resume_finishes_the_same_run(workdir):
+    run = [*STEPS, "trainer.ckpt_every=0", "trainer.output_dir=out"]
+    proc = subprocess.Popen([sys.executable, "-m", "rlx_cli", "train", *run], cwd=workdir,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    for line in proc.stderr:
+        if line.startswith("RL ..."):  # the loop has started
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.stderr.read()
+    assert proc.wait() == 130, rest
+    assert "stopped by SIGINT" in rest and "out/checkpoints/step-" in rest and "Traceback" not in rest
+    assert mlflow_runs(workdir).iloc[0]["status"] == "KILLED"
+    stopped_at = checkpoint.latest(workdir / "out")
+    assert stopped_at is not None and not (workdir / "out" / "final").exists()
+
+    resumed = rlx("train", *run, "trainer.resume=true", cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    runs = mlflow_runs(workdir)
+    assert len(runs) == 1 and runs.iloc[0]["status"] == "FINISHED"

@@ -1,0 +1,38 @@
+"""Two runs with the same seed on the CPU log the same metrics and end with the same weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import SHORT, mlflow_runs, rlx
+from safetensors.torch import load_file
+
+# one torch thread: on a small shared machine more threads mostly wait for each other
+RUN = [*SHORT, "rollout.group_size=4", "trainer.threads=1", "trainer.ckpt_every=0"]
+
+
+def history(run_id: str) -> dict[str, list[tuple[int, float]]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    keys = [k for k in client.get_run(run_id).data.metrics if not k.startswith("perf/")]
+    return {k: sorted((m.step, m.value) for m in client.get_metric_history(run_id, k)) for k in keys}
+
+
+@pytest.mark.slow
+def test_same_seed_same_metrics(workdir):
+    for name in ("a", "b"):
+        out = rlx("train", *RUN, "seed=3", f"trainer.output_dir={name}", cwd=workdir)
+        assert out.returncode == 0, out.stderr
+    metrics = [json.loads((workdir / name / "metrics.json").read_text()) for name in ("a", "b")]
+    a, b = ({k: v for k, v in m.items() if not k.startswith("perf/")} for m in metrics)
+    assert a == b and "train/loss" in a
+
+    runs = mlflow_runs(workdir)
+    assert len(runs) == 2
+    assert history(runs.iloc[0]["run_id"]) == history(runs.iloc[1]["run_id"])
+    weights = [load_file(workdir / name / "final" / "model.safetensors") for name in ("a", "b")]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

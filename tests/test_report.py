@@ -1,0 +1,224 @@
+"""``rlx report``: grouping, reducing and formatting on synthetic MLflow runs; then a real sweep end to end."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import pandas as pd
+import pytest
+from conftest import SHORT, mlflow_runs, rlx
+
+from rlx_cli import stats
+from rlx_cli.errors import UserError
+from rlx_cli.report import reduce, report_command
+from rlx_cli.report_format import latex_escape
+
+FULL = "algo=vapo trainer.steps=20"
+# arm -> {seed: final eval/accuracy}; the histories are [0.1 at step 0, final - 0.1 at step 10, final at step 20]
+ARMS = {
+    FULL: {0: 0.5, 1: 0.6, 2: 0.7},
+    f"{FULL} +ablate=no_clip_higher": {0: 0.4, 1: 0.5},
+    f"{FULL} +ablate=no_value_pretrain": {0: 0.3},
+}
+
+
+def log_run(client, exp_id, overrides, seed, final, *, status="FINISHED", start=0, study="s1", peak=None):
+    from mlflow.entities import Metric
+
+    ablate = next((t.split("=")[1] for t in overrides.split() if t.startswith("+ablate=")), "none")
+    tags = {"rlx.overrides": f"{overrides} seed={seed}", "rlx.algo": "vapo", "rlx.ablate": ablate,
+            "rlx.seed": str(seed), "rlx.study": study}  # fmt: skip
+    run_id = client.create_run(exp_id, tags=tags, start_time=start).info.run_id
+    middle = final - 0.1 if peak is None else peak
+    history = [(0, 0.1), (10, middle), (20, final)]
+    metrics = [
+        Metric(key, scale * v, step, step)
+        for step, v in history
+        for key, scale in (("eval/accuracy", 1), ("train/reward", 2))
+    ]
+    client.log_batch(run_id, metrics=metrics)
+    client.set_terminated(run_id, status)
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def store_uri(tmp_path_factory):
+    """Experiment 'ablation': three arms, a study parent, a FAILED run, a re-run seed; 'other': study s2."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('report') / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = client.create_experiment("ablation")
+    parent = client.create_run(exp_id, tags={"rlx.study": "s1", "rlx.role": "study", "rlx.overrides": FULL})
+    client.log_metric(parent.info.run_id, "eval/accuracy", 0.99, step=20)
+    client.set_terminated(parent.info.run_id, "FINISHED")
+    log_run(client, exp_id, FULL, 0, 0.0, start=1)  # superseded by the re-run of seed 0 below
+    start = 10
+    for overrides, seeds in ARMS.items():
+        for seed, final in seeds.items():
+            start += 1
+            log_run(client, exp_id, overrides, seed, final, start=start, peak=0.95 if seed == 2 else None)
+    log_run(client, exp_id, FULL, 3, 0.99, status="FAILED", start=100)
+    other = client.create_experiment("other")
+    for seed in (0, 1):  # an arm whose label needs escaping in LaTeX and HTML
+        log_run(client, other, "algo=vapo task.name=a&b#c%d_e", seed, 0.2 + seed / 10, study="s2", start=200 + seed)
+    return uri
+
+
+@pytest.fixture
+def store(store_uri, tmp_path, monkeypatch):
+    """The shared store as MLFLOW_TRACKING_URI, in a fresh working directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)
+    return tmp_path
+
+
+def table_rows(markdown: str) -> list[list[str]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("|")][2:]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+
+
+def test_markdown_groups_arms_over_seeds(store):
+    text = report_command(experiment="ablation")
+    rows = table_rows(text)
+    assert [r[0] for r in rows] == ["vapo", "vapo +ablate=no_clip_higher", "vapo +ablate=no_value_pretrain"]
+    full, no_clip, no_vp = rows
+    # full: mean 0.6, sample std 0.1 over 3 seeds (the FAILED run, the parent and the superseded seed 0 left out)
+    assert full[1:4] == ["**0.600 ± 0.100**", "3", "baseline"]
+    assert no_clip[1:4] == [f"0.450 ± {math.sqrt(0.005):.3f}", "2", "-0.150"]
+    assert no_vp[1:4] == ["0.300 ± –", "1", "-0.300"]  # n = 1: no std
+    assert "Δ vs vapo" in text and "common overrides: algo=vapo trainer.steps=20" in text
+
+
+def test_csv_has_raw_numbers(store):
+    table = pd.read_csv(io.StringIO(report_command(experiment="ablation", fmt="csv", extra_metrics="train/reward")))
+    assert list(table["n"]) == [3, 2, 1]
+    assert table["eval/accuracy_mean"].tolist() == pytest.approx([0.6, 0.45, 0.3])
+    assert table["eval/accuracy_std"].iloc[0] == pytest.approx(0.1)
+    assert math.isnan(table["eval/accuracy_std"].iloc[2])
+    assert table["delta"].tolist() == pytest.approx([0.0, -0.15, -0.3])
+    assert table["train/reward_mean"].tolist() == pytest.approx([1.2, 0.9, 0.6])
+
+
+@pytest.mark.parametrize(("how", "expected"), [("last", 0.6), ("max", (0.5 + 0.6 + 0.95) / 3), ("mean_last_k", None)])
+def test_reduce_modes(store, how, expected):
+    table = pd.read_csv(io.StringIO(report_command(experiment="ablation", fmt="csv", reduce_by=how, k=2)))
+    if expected is None:  # mean of the last 2 values per run: (final - 0.1 + final) / 2, seed 2 peaks at 0.95
+        expected = ((0.4 + 0.5) / 2 + (0.5 + 0.6) / 2 + (0.95 + 0.7) / 2) / 3
+    assert table["eval/accuracy_mean"].iloc[0] == pytest.approx(expected)
+
+
+def test_reduce_of_one_history():
+    points = [(0, 0.1), (10, 0.9), (20, 0.5)]
+    assert reduce(points, "last", 3) == 0.5 and reduce(points, "max", 3) == 0.9
+    assert reduce(points, "mean_last_k", 2) == pytest.approx(0.7) and reduce([], "last", 3) is None
+
+
+def test_stats_columns(store):
+    table = pd.read_csv(io.StringIO(report_command(experiment="ablation", fmt="csv", with_stats=True)))
+    expected_p = stats.welch([0.4, 0.5], [0.5, 0.6, 0.7])[2]
+    assert table["p_value"].iloc[1] == pytest.approx(expected_p)
+    assert math.isnan(table["p_value"].iloc[0]) and math.isnan(table["p_value"].iloc[2])  # baseline; n = 1
+    assert table["ci_low"].iloc[1] <= -0.15 <= table["ci_high"].iloc[1]
+    text = report_command(experiment="ablation", with_stats=True)
+    assert "p (Welch)" in text and "95% CI of Δ" in text and f"{expected_p:.3f}" in text
+
+
+def test_baseline_by_label_or_overrides(store):
+    rows = table_rows(report_command(experiment="ablation", baseline="+ablate=no_clip_higher"))
+    assert rows[0][0] == "vapo +ablate=no_clip_higher" and rows[0][3] == "baseline" and rows[1][3] == "+0.150"
+    assert table_rows(report_command(experiment="ablation", baseline="vapo"))[0][0] == "vapo"
+    with pytest.raises(UserError, match="matches 3 arms"):
+        report_command(experiment="ablation", baseline="algo=vapo")
+
+
+def test_minimize_bolds_the_smallest(store):
+    rows = table_rows(report_command(experiment="ablation", minimize=True))
+    assert rows[2][1] == "**0.300 ± –**" and not rows[0][1].startswith("**")
+
+
+def test_study_filter_and_latex_html_escaping(store):
+    tex = report_command(study="s2", fmt="tex")
+    assert r"a\&b\#c\%d\_e" in tex and r"\textbf{0.250 $\pm$ 0.071}" in tex and r"\begin{tabular}{lrrr}" in tex
+    assert latex_escape("50% of x_1 & #2 {y}") == r"50\% of x\_1 \& \#2 \{y\}"
+    html = report_command(study="s2", fmt="html")
+    assert "a&amp;b#c%d_e" in html and "<b>0.250 ± 0.071</b>" in html
+    assert len(table_rows(report_command(study="s1"))) == 3  # the study spans the arms of 'ablation' only
+
+
+def test_plots_are_written(store):
+    report_command(experiment="ablation", plots=store / "curves", extra_metrics="train/reward")
+    for name in ("eval_accuracy.png", "train_reward.png"):
+        png = (store / "curves" / name).read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+def test_out_file(store):
+    report_command(experiment="ablation", out=store / "reports" / "table.md")
+    assert "**0.600 ± 0.100**" in (store / "reports" / "table.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"experiment": "nope"}, ["unknown experiment 'nope'", "ablation", "Default"]),
+        ({"study": "nope"}, ["no FINISHED runs in study 'nope'", "studies: s1"]),
+        ({}, ["--experiment", "ablation"]),
+        ({"experiment": "ablation", "metric": "eval/nope"}, ["eval/nope", "eval/accuracy", "train/reward"]),
+        ({"experiment": "ablation", "fmt": "pdf"}, ["--format pdf", "md, csv, tex, html"]),
+        ({"experiment": "ablation", "reduce_by": "min"}, ["--reduce min", "mean_last_k"]),
+    ],
+)
+def test_mistakes_are_one_line(store, kwargs, named):
+    with pytest.raises(UserError) as error:
+        report_command(**kwargs)
+    message = str(error.value)
+    assert "\n" not in message
+    for text in named:
+        assert text in message
+
+
+def test_cli_unknown_experiment_exits_2(store):
+    out = rlx("report", "--experiment", "nope", cwd=store)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "ablation" in out.stderr
+
+
+def test_no_store_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'none.db'}")
+    with pytest.raises(UserError, match="no MLflow store"):
+        report_command(experiment="rlx")
+    assert not (tmp_path / "none.db").exists()
+
+
+@pytest.mark.slow
+def test_sweep_then_report_acceptance_1(workdir):
+    """Acceptance 1: a 2 x 2 sweep with 2 jobs -> 4 FINISHED runs; the report has 2 rows with n = 2; CSV round-trips."""
+    args = ["algo=grpo", "policy_loss.eps_high=0.2,0.28", "seed=0,1", *SHORT]
+    out = rlx("sweep", *args, "--jobs", "2", "--study", "acc1", cwd=workdir)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "4 finished, 0 failed, 0 skipped" in out.stdout
+    runs = mlflow_runs(workdir)
+    children = runs[runs["tags.rlx.role"] != "study"]
+    parent = runs[runs["tags.rlx.role"] == "study"]
+    assert len(children) == 4 and set(children["status"]) == {"FINISHED"} and len(parent) == 1
+    assert set(children["tags.mlflow.parentRunId"]) == {parent["run_id"].iloc[0]}
+    assert set(children["tags.rlx.study"]) == {"acc1"} and parent["status"].iloc[0] == "FINISHED"
+
+    md = rlx("report", "--experiment", "rlx", cwd=workdir)
+    assert md.returncode == 0, md.stderr
+    rows = table_rows(md.stdout)
+    assert [r[0] for r in rows] == ["grpo policy_loss.eps_high=0.2", "grpo policy_loss.eps_high=0.28"]
+    assert [r[2] for r in rows] == ["2", "2"] and rows[0][3] == "baseline" and "±" in rows[1][1]
+
+    csv = rlx("report", "--experiment", "rlx", "--format", "csv", cwd=workdir)
+    table = pd.read_csv(io.StringIO(csv.stdout))
+    for row, (mean, std) in zip(rows, table[["eval/accuracy_mean", "eval/accuracy_std"]].values):
+        assert row[1].strip("*") == f"{mean:.3f} ± {std:.3f}"
+    by_arm = children.groupby("params.policy_loss.eps_high")["metrics.eval/accuracy"].mean()
+    assert table["eval/accuracy_mean"].tolist() == pytest.approx([by_arm["0.2"], by_arm["0.28"]])
+    assert table["delta"].iloc[1] == pytest.approx(by_arm["0.28"] - by_arm["0.2"])
+
+    again = rlx("sweep", *args, "--jobs", "2", "--study", "acc1", cwd=workdir)
+    assert again.returncode == 0 and "0 finished, 0 failed, 4 skipped" in again.stdout, again.stdout
+    assert len(mlflow_runs(workdir)) == 5
