@@ -24,7 +24,10 @@ FAST = [
     "tracking=none",
     "trainer.output_dir=out",
 ]
-CHAT = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+CHAT = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
