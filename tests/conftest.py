@@ -12,7 +12,13 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 REPO = Path(__file__).resolve().parents[1]
 # a few steps on the built-in default, quiet and fast (the base model is cached in $RLX_HOME)
-SHORT = ["trainer.steps=3", "trainer.eval_every=0", "rollout.prompts_per_step=4", "task.eval_size=20"]
+SHORT = [
+    "trainer.steps=3",
+    "trainer.eval_every=0",
+    "rollout.prompts_per_step=4",
+    "task.eval_size=20",
+    "trainer.threads=1",
+]
 
 
 @pytest.fixture

@@ -171,14 +171,17 @@ def test_eight_parallel_jobs_on_one_fresh_sqlite_store_lose_nothing(workdir):
 def test_ray_launcher_on_a_local_cluster_records_failures(workdir):
     pytest.importorskip("ray", reason="ray is not installed (pip install 'rlx[cluster]')")
     short = ["trainer.steps=1", *[a for a in SHORT if not a.startswith("trainer.steps=")]]
-    out = rlx("sweep", "model.path=null,/nonexistent", *short, "--launcher", "ray", "--jobs", "2", cwd=workdir)
+    broken = workdir / "broken"  # passes validation (it has a config.json), fails when the worker loads it
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    out = rlx("sweep", f"model.path=null,{broken}", *short, "--launcher", "ray", "--jobs", "2", cwd=workdir)
     assert out.returncode == 1, out.stdout + out.stderr  # one point failed
     assert "1 finished, 1 failed, 0 skipped" in out.stdout and "ray" in out.stdout
     runs = mlflow_runs(workdir)
     children = runs[runs["tags.rlx.role"] != "study"].set_index("tags.rlx.overrides")
     assert sorted(children["status"]) == ["FAILED", "FINISHED"]
     failed = children[children["status"] == "FAILED"].iloc[0]
-    assert "/nonexistent" in failed["tags.rlx.error"] and isinstance(failed["tags.mlflow.parentRunId"], str)
+    assert "broken" in failed["tags.rlx.error"] and isinstance(failed["tags.mlflow.parentRunId"], str)
     assert runs[runs["tags.rlx.role"] == "study"]["status"].iloc[0] == "FAILED"
 
 
