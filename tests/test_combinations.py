@@ -1,0 +1,42 @@
+"""Every advantage, every loss aggregation and every KL placement train on the default (a covering set).
+
+The full product (5 x 4 x 3 = 60 runs) is slow; each row below is one 2-step run, and together the rows use
+every advantage, every ``loss_agg.mode`` and every KL placement (none, in the reward, in the loss).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import SHORT
+
+from rlx_cli.run import train_command
+
+COMBINATIONS = [
+    ("gae", "token_mean", ["kl=estimate", "kl.placement=reward", "kl.kind=k1"]),
+    ("grpo", "seq_mean_token_mean", ["kl=estimate", "kl.placement=loss", "kl.kind=k3"]),
+    ("rloo", "seq_mean_token_sum", ["kl=none"]),
+    ("reinforce_pp", "seq_mean_token_sum_norm", ["kl=estimate", "kl.placement=reward", "kl.kind=abs"]),
+    ("reinforce_pp_baseline", "token_mean", ["kl=estimate", "kl.placement=loss", "kl.kind=k2"]),
+    ("gae", "seq_mean_token_sum_norm", ["kl=estimate", "kl.placement=loss", "kl.kind=k3"]),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("advantage", "mode", "kl"), COMBINATIONS)
+def test_two_steps_train(workdir, advantage, mode, kl):
+    steps = [a for a in SHORT if not a.startswith("trainer.steps=")]
+    final = train_command(
+        [
+            f"advantage={advantage}",
+            f"loss_agg.mode={mode}",
+            *kl,
+            "trainer.steps=2",
+            *steps,
+            "tracking=none",
+            "trainer.output_dir=out",
+        ]
+    )
+    assert all(math.isfinite(final[k]) for k in ("train/loss", "train/kl", "train/entropy"))
+    assert final.get("train/skipped_steps", 0) == 0
