@@ -37,8 +37,6 @@ def load_pretrained(path: Path, model_cfg: DictConfig):
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not (Path(path) / "config.json").is_file():
-        raise UserError(f"model.path={path} is not a Hugging Face model directory (no config.json)")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
@@ -111,8 +109,6 @@ class Critic(nn.Module):
         from transformers import AutoModel
 
         source = Path(path) if critic_cfg.init == "policy" else Path(critic_cfg.init)
-        if not (source / "config.json").is_file():
-            raise UserError(f"critic.init={critic_cfg.init} is neither 'policy' nor a Hugging Face model directory")
         body = AutoModel.from_pretrained(source, trust_remote_code=model_cfg.trust_remote_code)
         return cls(body, body.config.hidden_size)
 

@@ -70,8 +70,10 @@ def validate(cfg: DictConfig) -> None:
         check(key, OmegaConf.select(cfg, key, default=None), rule)
     if cfg.trainer.lr is None:
         raise UserError(f"trainer.lr is not set and model.lr has no rate for model.finetune={cfg.model.finetune}")
-    if cfg.model.path and not (Path(str(cfg.model.path)) / "config.json").is_file():
-        raise UserError(f"model.path={cfg.model.path} is not a Hugging Face model directory (no config.json)")
+    for key in ("model.path", "critic.init"):  # critic.init may also be "policy"
+        value = OmegaConf.select(cfg, key, default=None)
+        if value and value != "policy" and not (Path(str(value)) / "config.json").is_file():
+            raise UserError(f"{key}={value} is not a Hugging Face model directory (no config.json)")
     rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     if cfg.trainer.minibatches > rows:
         raise UserError(
