@@ -3,7 +3,7 @@
 1. read the FINISHED runs of an experiment or a study from MLflow (any tracking URI), without study parents
 2. group them into arms by their overrides minus ``seed=`` (the latest run per seed counts)
 3. reduce each run's metric history to one number (last | max | mean_last_k), then mean ± std per arm
-4. Δ vs the baseline arm (default: the first arm without an ablation), optionally Welch p and a bootstrap CI
+4. Δ vs the baseline arm (default: the first arm without an ablation), optionally Welch p and Welch's CI
 5. format (md | csv | tex | html, see ``report_format``) and optionally plot the curves
 """
 
@@ -156,7 +156,7 @@ def build_table(arms, base: Arm, curves, metric: str, extras: list[str], how: st
         row["delta"] = row["mean"] - stats.mean(reference) if values and reference else stats.NAN
         if with_stats:
             row["p_value"] = stats.welch(values, reference)[2] if arm is not base else stats.NAN
-            low, high = stats.bootstrap_diff_ci(values, reference) if arm is not base else (stats.NAN, stats.NAN)
+            low, high = stats.welch_ci(values, reference) if arm is not base else (stats.NAN, stats.NAN)
             row["ci_low"], row["ci_high"] = low, high
         for m in extras:
             row[f"{m} mean"], row[f"{m} std"] = stats.mean(per_arm[arm.label, m]), stats.std(per_arm[arm.label, m])

@@ -47,7 +47,7 @@ def cells(table: pd.DataFrame, ctx: Context) -> tuple[list[str], list[list[str]]
     headers = ["arm", ctx.metric, "n", "Δ"]
     has_stats = "p_value" in table.columns
     if has_stats:
-        headers += ["p (Welch)", "95% CI of Δ"]
+        headers += ["p (Welch)", "95% CI of Δ (Welch)"]
     headers += ctx.extras
     rows = []
     for i, row in table.iterrows():

@@ -74,19 +74,39 @@ def test_welch_matches_scipy():
         assert t == pytest.approx(float(ref.statistic), rel=1e-9) and p == pytest.approx(float(ref.pvalue), abs=1e-9)
 
 
-def test_bootstrap_ci_of_a_difference():
-    # a constant shift with no spread: every resample gives the same difference
-    low, high = stats.bootstrap_diff_ci([0.6, 0.6, 0.6], [0.5, 0.5])
-    assert low == pytest.approx(0.1) and high == pytest.approx(0.1)
-    a, b = [0.50, 0.60, 0.70], [0.40, 0.45, 0.50]
-    low, high = stats.bootstrap_diff_ci(a, b)
-    # resampled means lie within the sample ranges: the CI is inside [0.5 - 0.5, 0.7 - 0.4]
-    assert 0.0 <= low < stats.mean(a) - stats.mean(b) < high <= 0.3
-    assert (low, high) == stats.bootstrap_diff_ci(a, b)  # seeded: reproducible
-    assert all(math.isnan(v) for v in stats.bootstrap_diff_ci([1.0], [1.0, 2.0]))
+@pytest.mark.parametrize(
+    ("df", "expected"),
+    [
+        (1, math.tan(math.pi / 2 * 0.95)),  # Cauchy: 12.7062
+        (2, math.sqrt(2 * 0.95**2 / (1 - 0.95**2))),  # from 1 - t / sqrt(2 + t²) = 0.05: 4.3027
+        (1e9, 1.959963984540054),  # the normal limit
+    ],
+)
+def test_t_quantile_closed_forms(df, expected):
+    assert stats.t_quantile(0.05, df) == pytest.approx(expected, rel=1e-6)
 
 
-def test_quantile_interpolates_like_numpy():
-    xs = [1.0, 2.0, 3.0, 4.0]
-    assert stats.quantile(xs, 0.0) == 1.0 and stats.quantile(xs, 1.0) == 4.0
-    assert stats.quantile(xs, 0.5) == 2.5 and stats.quantile(xs, 0.25) == pytest.approx(1.75)
+def test_welch_ci_by_hand():
+    # a = [0.8, 0.82], b = [0.5, 0.52]: Δ 0.3, SE sqrt(0.0001 + 0.0001), df 2 -> Δ ± 4.30265 · 0.0141421
+    low, high = stats.welch_ci([0.8, 0.82], [0.5, 0.52])
+    half = math.sqrt(2 * 0.95**2 / (1 - 0.95**2)) * math.sqrt(0.0002)
+    assert (low, high) == (pytest.approx(0.3 - half), pytest.approx(0.3 + half))
+    assert half == pytest.approx(0.060849, abs=1e-6)
+    # the interval excludes 0 exactly when Welch's p < 0.05
+    for a, b in (([0.5, 0.6, 0.7], [0.4, 0.45, 0.5]), ([0.5, 0.52, 0.51], [0.4, 0.45, 0.42])):
+        low, high = stats.welch_ci(a, b)
+        assert (low > 0) == (stats.welch(a, b)[2] < 0.05)
+    assert stats.welch_ci([0.6, 0.6, 0.6], [0.5, 0.5]) == (pytest.approx(0.1), pytest.approx(0.1))  # no spread
+    assert all(math.isnan(v) for v in stats.welch_ci([1.0], [1.0, 2.0]))
+
+
+def test_welch_ci_matches_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(1)
+    for _ in range(20):
+        a = [rng.gauss(0, 1) for _ in range(rng.randint(2, 6))]
+        b = [rng.gauss(0.4, 2) for _ in range(rng.randint(2, 6))]
+        t, df, _ = stats.welch(a, b)
+        half = float(scipy_stats.t.ppf(0.975, df)) * (stats.mean(a) - stats.mean(b)) / t
+        low, high = stats.welch_ci(a, b)
+        assert high - low == pytest.approx(2 * abs(half), rel=1e-7)

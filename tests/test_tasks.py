@@ -37,3 +37,18 @@ def test_train_problems_depend_only_on_seed_and_step():
 def test_bad_term_range_is_a_user_error():
     with pytest.raises(UserError, match="task.min_terms"):
         SumsTask(min_terms=5, max_terms=3, eval_size=1, eval_seed=0)
+
+
+def test_long_sums_brings_its_model_and_response_budget():
+    from rlx_cli.compose import compose
+    from rlx_cli.tasks import build_task
+
+    cfg = compose(["task=long_sums", "algo=vapo"])
+    assert (cfg.model.name, cfg.model.arch.hidden_size, cfg.model.sft.carry_drop) == ("small", 96, 0.3)
+    assert cfg.rollout.max_new_tokens == 64
+    longest = "".join(worked(list(range(9, 1, -1)), 0.0, random.Random(0)))  # 8 terms, two-digit sums
+    assert len(longest) + 1 <= cfg.rollout.max_new_tokens  # + EOS
+    assert {len(p.prompt.split(",")) for p in build_task(cfg.task).eval_problems} == set(range(3, 9))
+    # explicit choices still win over the task's
+    assert compose(["task=long_sums", "model=tiny"]).model.name == "tiny"
+    assert compose(["task=long_sums", "rollout.max_new_tokens=80"]).rollout.max_new_tokens == 80
