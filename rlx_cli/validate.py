@@ -7,6 +7,7 @@ engine's own keys by the table below. Any problem is one ``UserError`` naming th
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,12 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key, default=None)
         if value and value != "policy" and not (Path(str(value)) / "config.json").is_file():
             raise UserError(f"{key}={value} is not a Hugging Face model directory (no config.json)")
+    processes = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: each process samples whole prompt groups
+    if cfg.rollout.prompts_per_step < processes:
+        raise UserError(
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is fewer than the {processes} processes "
+            f"(valid: {processes} or more, a prompt group for each process)"
+        )
     rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     if cfg.trainer.minibatches > rows:
         raise UserError(
