@@ -143,15 +143,18 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
 def sample_groups(cfg, parts: Parts, step: int):
     """Sample and score ``prompts_per_step`` groups of ``group_size`` -> (batch, scores [B], group_index [B], metrics).
 
+    With N processes, this process's block of the step's prompts (``distributed.gather_samples`` joins them).
+
     With ``rollout.dynamic_sampling`` (DAPO, arXiv 2503.14476) groups whose scores are all equal carry no
     signal for a group baseline: they are dropped and more prompts are drawn, up to ``rollout.max_draws`` batches.
     """
     rollout, task = cfg.rollout, parts.task
-    size, wanted = rollout.group_size, rollout.prompts_per_step
+    size = rollout.group_size
+    wanted = len(distributed.shard(range(rollout.prompts_per_step)))  # N processes: each its block of the prompts
     kept_batches, kept_scores, groups, draws = [], [], 0, 0
     while groups < wanted and draws < (rollout.max_draws if rollout.dynamic_sampling else 1):
-        problems = task.train_problems(wanted, seed=cfg.seed, step=step, draw=draws)
-        problems = [p for p in problems for _ in range(size)]
+        problems = task.train_problems(rollout.prompts_per_step, seed=cfg.seed, step=step, draw=draws)
+        problems = [p for p in distributed.shard(problems) for _ in range(size)]
         batch = parts.sampler.generate(
             parts.models.policy,
             [p.prompt for p in problems],
