@@ -13,6 +13,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -37,6 +38,8 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
         return None
     validate(cfg)
     job = job_config(cfg)
+    if job.launcher.name == "torchrun" and "WORLD_SIZE" not in os.environ:
+        become_torchrun(overrides, job.launcher.nproc_per_node)
     from rlx_cli import checkpoint, distributed  # torch: only once the config is known to be good
 
     distributed.start()  # under torchrun: join the other processes (rank 0 tracks and writes files)
@@ -77,6 +80,20 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
     if distributed.is_main():
         print_summary(final, tracker.run_id, output_dir, job)
     return final
+
+
+def become_torchrun(overrides: list[str], processes: int) -> NoReturn:
+    """``launcher=torchrun``: replace this process by torchrun, which starts ``processes`` × ``rlx train OVERRIDES``
+    on 127.0.0.1 (signals then reach torchrun, which passes them on to every process)."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for the processes' rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    run = ["-m", "torch.distributed.run", f"--nproc-per-node={processes}", "--master-addr=127.0.0.1"]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *run, f"--master-port={port}", "-m", "rlx_cli", "train", *overrides])
 
 
 @contextmanager

@@ -2,7 +2,7 @@
 
 The update test runs the loop's own ``update_step`` on one fixed global batch in one process and in two
 (each its slice of every minibatch) and compares losses and every trainable weight; the end-to-end test
-runs ``rlx train`` under ``torchrun``.
+runs ``rlx train launcher=torchrun``.
 """
 
 from __future__ import annotations
@@ -10,12 +10,10 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import SHORT, mlflow_runs
+from conftest import SHORT, mlflow_runs, rlx
 from safetensors.torch import load_file, save_file
 
 # (name, overrides): every loss_agg mode; full and LoRA; no critic, the LoRA critic and the full-model one
@@ -162,12 +160,9 @@ def test_two_processes_update_like_one(model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_rlx_train_under_torchrun(workdir):
-    """Two processes: one MLflow run, rank 0's checkpoint and final model, eval and losses logged."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port()), "-m", "rlx_cli", "train", *SHORT, "trainer.output_dir=out"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(argv, cwd=workdir, capture_output=True, text=True, timeout=600, env=env)
+def test_rlx_train_launcher_torchrun(workdir):
+    """``launcher=torchrun``: two processes, one MLflow run, rank 0's checkpoint and final model."""
+    out = rlx("train", "launcher=torchrun", *SHORT, "trainer.output_dir=out", cwd=workdir, env={"OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("rlx train: done") == 1 and out.stderr.count("step 0:") == 1  # rank 0 speaks
     runs = mlflow_runs(workdir)
