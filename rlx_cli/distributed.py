@@ -1,4 +1,4 @@
-"""Data parallelism over processes: ``torchrun --nproc-per-node N -m rlx_cli train ...``.
+"""Data parallelism over processes: ``rlx train launcher=torchrun`` or ``torchrun -m rlx_cli train ...``.
 
 One process is the reference: N processes compute the same update from the same global batch (to float
 rounding), each doing 1/N of the sampling and of the forward and backward passes.
@@ -15,8 +15,10 @@ rounding), each doing 1/N of the sampling and of the forward and backward passes
    slices, one per process. ``loss_agg`` divides a sum over the minibatch by a count D (tokens, rows or
    B·T); a process's loss on its slice is divided by its own D_r, so it is scaled by ``share`` = D_r / ΣD.
    The scaled losses add up to the minibatch's loss, and ``sum_gradients`` (all-reduce, sum) before
-   clipping gives every process the one-process gradient. (DDP averages instead: there each loss would be
-   scaled by N·D_r / ΣD, as verl and OpenRLHF do with the global token count.)
+   clipping gives every process the one-process gradient. (DDP averages gradients instead; there each loss
+   is scaled by N·D_r / ΣD, the usual normalisation by the global token count.)
+   Value pretraining takes no gathering: each process updates on its own samples, weighted the same way
+   (``seq_mean_token_sum_norm`` then counts each process's own width T).
 6. The NaN guard and stop signals are agreed on (``all_true``, ``first_signal``): every process steps,
    skips or stops together. Metrics are share-weighted sums over processes (exact for the losses, a
    weighted mean for fractions and ratios); evaluation prompts are sharded and the correct answers summed.
@@ -175,16 +177,16 @@ def sum_gradients(optimizer: torch.optim.Optimizer, bucket_elements: int = 2**24
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-    bucket: list[Tensor] = []
-    for i, p in enumerate(params):
+    bucket, elements = [], 0
+    for p, following in zip(params, [*params[1:], None]):
         bucket.append(p)
-        last = i == len(params) - 1
-        if last or sum(q.numel() for q in bucket) >= bucket_elements or params[i + 1].dtype != p.dtype:
+        elements += p.numel()
+        if following is None or following.dtype != p.dtype or elements >= bucket_elements:
             flat = torch.cat([q.grad.flatten() for q in bucket])
             dist.all_reduce(flat)
             for q, g in zip(bucket, flat.split([q.numel() for q in bucket])):
                 q.grad.copy_(g.view_as(q))
-            bucket = []
+            bucket, elements = [], 0
 
 
 def all_true(flag: bool) -> bool:
