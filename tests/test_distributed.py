@@ -58,8 +58,9 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def one_update(model_dir, mode: str, overrides: list[str]) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
-    """``update_step`` on a fixed batch of 16 rows, 2 minibatches -> (metrics, trainable weights after it)."""
+def one_update(model_dir, mode: str, overrides: list[str]):
+    """``update_step`` on a fixed batch of 16 rows, 2 minibatches -> (metrics, trainable weights after it, the
+    largest change of a policy weight)."""
     from rlx_cli.build import build
     from rlx_cli.checkpoint import TrainState
     from rlx_cli.compose import compose, job_config
@@ -72,6 +73,11 @@ def one_update(model_dir, mode: str, overrides: list[str]) -> tuple[dict[str, fl
     )
     parts = build(cfg, Progress(silent=True))
     models = parts.models
+    # SGD at lr 1: a weight moves by its gradient, so any difference in the gradients shows (AdamW's first steps
+    # move each weight by about lr·sign(gradient), whatever the gradient's size)
+    parts.policy_optimizer = torch.optim.SGD(parts.policy_optimizer.param_groups[0]["params"], lr=1.0)
+    if parts.critic_optimizer is not None:
+        parts.critic_optimizer = torch.optim.SGD(parts.critic_optimizer.param_groups[0]["params"], lr=1.0)
     torch.manual_seed(0)  # the same batch in every process
     prompts = [f"{i % 9 + 1},{i % 7 + 2},{i % 5 + 3}:" for i in range(16)]
     batch = parts.sampler.generate(models.policy, prompts, temperature=1.0, max_new_tokens=12)
@@ -91,10 +97,11 @@ def one_update(model_dir, mode: str, overrides: list[str]) -> tuple[dict[str, fl
         cfg, parts, TrainState(), 1, batch, old_logp, ref_logp, advantages, positive, values, returns, mode
     )
     weights = {n: p.detach().clone() for n, p in models.policy.named_parameters() if p.requires_grad}
-    assert any(not torch.equal(before[n], w) for n, w in weights.items())  # the update moved the policy
+    moved = max((w - before[n]).abs().max().item() for n, w in weights.items())
+    assert moved > 1e-3  # the update moved the policy
     if models.critic is not None:
         weights.update({f"critic.{n}": p.detach().clone() for n, p in models.critic.state_dict().items()})
-    return metrics, weights
+    return metrics, weights, moved
 
 
 def check_gather_and_agreement() -> None:
@@ -137,7 +144,7 @@ def worker(rank: int, port: int, model_dir, out_dir) -> None:
     distributed.start()
     check_gather_and_agreement()
     for mode, overrides in CASES:
-        metrics, weights = one_update(model_dir, mode, overrides)
+        metrics, weights, _ = one_update(model_dir, mode, overrides)
         save_file(weights, str(out_dir / f"{mode}-{rank}.safetensors"))
         (out_dir / f"{mode}-{rank}.json").write_text(json.dumps(metrics))
 
@@ -145,7 +152,7 @@ def worker(rank: int, port: int, model_dir, out_dir) -> None:
 def test_two_processes_update_like_one(model_dir, tmp_path):
     torch.multiprocessing.spawn(worker, args=(free_port(), model_dir, tmp_path), nprocs=2)
     for mode, overrides in CASES:
-        metrics, weights = one_update(model_dir, mode, overrides)
+        metrics, weights, moved = one_update(model_dir, mode, overrides)
         for rank in (0, 1):
             theirs = load_file(tmp_path / f"{mode}-{rank}.safetensors")
             assert theirs.keys() == weights.keys()
@@ -153,7 +160,8 @@ def test_two_processes_update_like_one(model_dir, tmp_path):
             assert diff < 1e-4, (mode, rank, diff)
             their_metrics = json.loads((tmp_path / f"{mode}-{rank}.json").read_text())
             loss_diff = abs(their_metrics["train/loss"] - metrics["train/loss"])
-            print(f"{mode} rank {rank}: max |Δ weight| {diff:.1e}, |Δ train/loss| {loss_diff:.1e}")
+            print(f"{mode} rank {rank}: max |Δ weight| {diff:.1e} (the update moved weights by up to {moved:.1e}), "
+                  f"|Δ train/loss| {loss_diff:.1e}")  # fmt: skip
             for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm", "train/value_loss"):
                 if key in metrics:
                     assert their_metrics[key] == pytest.approx(metrics[key], abs=1e-4), (mode, key)
