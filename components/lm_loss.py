@@ -16,8 +16,17 @@ def positive_nll(logp: Tensor, mask: Tensor, positive: Tensor) -> Tensor:
     ``logp``, ``mask``: ``[B, T]``; ``positive``: ``[B]`` bool. Returns Σ −logp·m over positive rows /
     their token count, a 0-d tensor; 0 (still attached to ``logp``'s graph) when no row is positive.
     """
-    keep = as_bool(mask) & as_bool(positive).unsqueeze(-1)
+    keep = _positive_tokens(mask, positive)
     return masked_sum(-logp, keep) / masked_count(keep).clamp(min=1)
+
+
+def positive_token_count(mask: Tensor, positive: Tensor) -> Tensor:
+    """Real tokens in positive rows, what ``positive_nll`` divides by; ``mask`` ``[B, T]``, ``positive`` ``[B]``."""
+    return masked_count(_positive_tokens(mask, positive))
+
+
+def _positive_tokens(mask: Tensor, positive: Tensor) -> Tensor:
+    return as_bool(mask) & as_bool(positive).unsqueeze(-1)
 
 
 @register("lm_loss", "none")

@@ -8,6 +8,7 @@ tokens; GRPO (arXiv 2402.03300) uses ``seq_mean_token_mean``; Dr. GRPO (arXiv 25
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 from components.masked import masked_count, masked_sum
@@ -45,3 +46,20 @@ def aggregate(per_token: Tensor, mask: Tensor, *, mode: str = "token_mean") -> T
         raise ValueError(f"loss_agg.mode={mode!r} is not valid (valid: {', '.join(MODES)})")
     real_rows = row_tokens > 0
     return masked_sum(row_losses, real_rows) / masked_count(real_rows).clamp(min=1)
+
+
+def denominator(mask: Tensor, *, mode: str = "token_mean") -> Tensor:
+    """What ``aggregate`` divides by for ``mask`` ``[B, T]`` -> 0-d float tensor (before its clamp at 1).
+
+    ``token_mean``: Σm; the two ``seq_mean`` row means: the rows with a real token;
+    ``seq_mean_token_sum_norm``: B·T. A batch split into parts aggregates to Σ_parts aggregate(part) ·
+    D(part) / ΣD (for ``seq_mean_token_sum_norm`` when every part keeps the width T): how data-parallel
+    processes weight their losses (``rlx_cli/distributed.py``).
+    """
+    if mode == "token_mean":
+        return masked_count(mask)
+    if mode == "seq_mean_token_sum_norm":
+        return torch.tensor(float(mask.numel()))
+    if mode in MODES:
+        return masked_count(masked_count(mask, dim=-1) > 0)
+    raise ValueError(f"loss_agg.mode={mode!r} is not valid (valid: {', '.join(MODES)})")

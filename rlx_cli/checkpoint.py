@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from omegaconf import DictConfig
 
+from rlx_cli import distributed
 from rlx_cli.errors import UserError
 
 if TYPE_CHECKING:
@@ -46,10 +47,17 @@ class TrainState:
 
 
 def save(output_dir: str | Path, parts: Parts, state: TrainState, keep: int) -> Path:
-    """Write ``checkpoints/step-<state.step>`` atomically; delete all but the newest ``keep``; -> its path."""
+    """Write ``checkpoints/step-<state.step>`` atomically; delete all but the newest ``keep``; -> its path.
+
+    With N processes rank 0 writes it (the replicas hold the same weights and optimizer states; the RNG state
+    is rank 0's) and every process returns its path.
+    """
     from safetensors.torch import save_file
 
     root = Path(output_dir) / CHECKPOINTS
+    target = root / f"step-{state.step:06d}"
+    if not distributed.is_main():
+        return target
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     save_file(tensors_of(trainable(parts.models.policy)), str(tmp / "policy.safetensors"))
@@ -66,7 +74,6 @@ def save(output_dir: str | Path, parts: Parts, state: TrainState, keep: int) -> 
     skeleton = pack(full_state, "", tensors)
     save_file(tensors, str(tmp / "state.safetensors"))
     (tmp / "state.json").write_text(json.dumps(skeleton))
-    target = root / f"step-{state.step:06d}"
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)

@@ -11,9 +11,10 @@ from omegaconf import DictConfig
 
 from components import advantage as adv_lib
 from components.kl import estimate as kl_estimate
-from components.loss_agg import aggregate
+from components.lm_loss import positive_token_count
+from components.loss_agg import aggregate, denominator
 from components.masked import masked_mean
-from rlx_cli import checkpoint
+from rlx_cli import checkpoint, distributed
 from rlx_cli.build import Parts
 from rlx_cli.checkpoint import TrainState
 from rlx_cli.models import evaluating, response_logp
@@ -48,17 +49,22 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
         for step in range(state.step + 1, trainer.steps + 1):
             started = time.perf_counter()
             # 1–2. sample prompts_per_step prompts x group_size responses and score them
-            batch, scores, group_index, sampling = sample_groups(cfg, parts, step)
+            #      (N processes: each its share of the prompts, gathered into the whole batch; `own` its rows)
+            sampled = sample_groups(cfg, parts, step)
+            batch, scores, group_index, sampling, own = distributed.gather_samples(
+                *sampled, models.tokenizer.pad_token_id
+            )
             mask = batch.response_mask
             generated = time.perf_counter()
             shaped, state.shaping = comp["reward_shaping"]({"scores": scores, "state": state.shaping})
 
-            # 3. old and reference log-probs, values
+            # 3. old and reference log-probs, values (each process its own rows, gathered)
             with torch.no_grad(), evaluating(policy):
-                old_logp, _ = response_logp(policy, batch, rollout_cfg.temperature)
+                old_logp, _ = response_logp(policy, own, rollout_cfg.temperature)
                 with models.reference_context():
-                    ref_logp, _ = response_logp(models.reference_model, batch, rollout_cfg.temperature)
-                values = critic(batch) if critic is not None else None
+                    ref_logp, _ = response_logp(models.reference_model, own, rollout_cfg.temperature)
+                values = critic(own) if critic is not None else None
+            old_logp, ref_logp, values = (distributed.gather(x) for x in (old_logp, ref_logp, values))
 
             # 4. token rewards: the score at the last token, minus β·KL per token when KL sits in the reward
             kl_tokens = kl({"logp": old_logp, "ref_logp": ref_logp})
@@ -122,6 +128,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
 
             # 9. checkpoint every ckpt_every steps, at the end, and when a signal asks the run to stop
             state.step = step
+            stop.requested = distributed.first_signal(stop.requested)  # every process stops after the same step
             due = trainer.ckpt_every and (step % trainer.ckpt_every == 0 or step == trainer.steps)
             if due or stop.requested:
                 saved = checkpoint.save(trainer.output_dir, parts, state, trainer.keep_ckpts)
@@ -136,15 +143,18 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
 def sample_groups(cfg, parts: Parts, step: int):
     """Sample and score ``prompts_per_step`` groups of ``group_size`` -> (batch, scores [B], group_index [B], metrics).
 
+    With N processes, this process's block of the step's prompts (``distributed.gather_samples`` joins them).
+
     With ``rollout.dynamic_sampling`` (DAPO, arXiv 2503.14476) groups whose scores are all equal carry no
     signal for a group baseline: they are dropped and more prompts are drawn, up to ``rollout.max_draws`` batches.
     """
     rollout, task = cfg.rollout, parts.task
-    size, wanted = rollout.group_size, rollout.prompts_per_step
+    size = rollout.group_size
+    wanted = len(distributed.shard(range(rollout.prompts_per_step)))  # N processes: each its block of the prompts
     kept_batches, kept_scores, groups, draws = [], [], 0, 0
     while groups < wanted and draws < (rollout.max_draws if rollout.dynamic_sampling else 1):
-        problems = task.train_problems(wanted, seed=cfg.seed, step=step, draw=draws)
-        problems = [p for p in problems for _ in range(size)]
+        problems = task.train_problems(rollout.prompts_per_step, seed=cfg.seed, step=step, draw=draws)
+        problems = [p for p in distributed.shard(problems) for _ in range(size)]
         batch = parts.sampler.generate(
             parts.models.policy,
             [p.prompt for p in problems],
@@ -197,6 +207,8 @@ def update_step(
     """``trainer.epochs`` passes of ``trainer.minibatches`` updates; -> mean train/* metrics.
 
     An update whose loss or gradient norm is NaN/inf is skipped (``guarded_step``) and counted (``count_update``).
+    With N processes each takes its slice of every minibatch and weights its loss by its ``share`` of the
+    minibatch's normaliser; summed gradients are the one-process gradient (``rlx_cli/distributed.py``).
     """
     comp, policy, critic = parts.components, parts.models.policy, parts.models.critic
     kl, lm, pl = comp["kl"], comp["lm_loss"], comp["policy_loss"]
@@ -204,8 +216,9 @@ def update_step(
     totals: dict[str, float] = {}
     count = 0
     for _ in range(cfg.trainer.epochs):
-        for rows in torch.randperm(batch.responses.shape[0]).chunk(cfg.trainer.minibatches):
+        for rows in distributed.minibatch_rows(batch.responses.shape[0], cfg.trainer.minibatches):
             mb, mask = batch.select(rows), batch.response_mask[rows]
+            share = distributed.share(denominator(mask, mode=agg_mode))
             logp, entropy = response_logp(policy, mb, cfg.rollout.temperature, with_entropy=True)
             tensors = {
                 "logp": logp,
@@ -220,18 +233,21 @@ def update_step(
             loss = pg_loss - pl.wiring.get("entropy_coef", 0.0) * entropy_mean
             if kl_in_loss:
                 loss = loss + kl.wiring["coef"] * aggregate(kl(tensors), mask, mode=agg_mode)
+            objective = share * loss  # this process's part of the minibatch's loss
             if lm.wiring["coef"] > 0:
-                loss = loss + lm.wiring["coef"] * lm(tensors)
+                lm_term = lm.wiring["coef"] * lm(tensors)
+                loss = loss + lm_term
+                objective = objective + distributed.share(positive_token_count(mask, positive[rows])) * lm_term
             if nan_injected(step):
-                loss = loss * math.nan
+                loss, objective = loss * math.nan, objective * math.nan
             parts.policy_optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            objective.backward()
+            distributed.sum_gradients(parts.policy_optimizer)
             grad_norm = torch.nn.utils.clip_grad_norm_(
                 [p for p in policy.parameters() if p.requires_grad], cfg.trainer.grad_clip or float("inf")
             )
             stepped = guarded_step(parts.policy_optimizer, loss, grad_norm)
             step_metrics = {
-                "train/loss": loss.item(),
                 "train/pg_loss": pg_loss.item(),
                 "train/entropy": entropy_mean.item(),
                 "train/grad_norm": grad_norm.item(),
@@ -239,24 +255,29 @@ def update_step(
             }
             if critic is not None:
                 value_metrics, value_stepped = value_update(
-                    cfg, parts, mb, old_values[rows], returns[rows], mask, agg_mode
+                    cfg, parts, mb, old_values[rows], returns[rows], mask, agg_mode, share
                 )
                 step_metrics.update(value_metrics)
                 stepped = stepped and value_stepped
             count_update(state, stepped, cfg.trainer.max_skipped)
+            totals["train/loss"] = totals.get("train/loss", 0.0) + objective.item()  # this process's part already
             for k, v in step_metrics.items():
-                totals[k] = totals.get(k, 0.0) + v
+                totals[k] = totals.get(k, 0.0) + share * v
             count += 1
-    return {k: v / count for k, v in totals.items()}
+    return distributed.combine({k: v / count for k, v in totals.items()})
 
 
-def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, mask, agg_mode: str):
-    """One critic step on the value loss -> (train/value_loss, train/explained_var, ...; whether it stepped)."""
+def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, mask, agg_mode: str, share: float):
+    """One critic step on the value loss -> (train/value_loss, train/explained_var, ...; whether it stepped).
+
+    ``share``: this process's part of the loss normaliser (1.0 in one process); the metrics are this process's.
+    """
     vl = parts.components["value_loss"]
     values = parts.models.critic(batch)
     loss, metrics = vl({"values": values, "old_values": old_values, "returns": returns, "mask": mask}, agg=agg_mode)
     parts.critic_optimizer.zero_grad(set_to_none=True)
-    (vl.wiring.get("coef", 1.0) * loss).backward()
+    (share * vl.wiring.get("coef", 1.0) * loss).backward()
+    distributed.sum_gradients(parts.critic_optimizer)
     grad_norm = torch.nn.utils.clip_grad_norm_(
         parts.models.critic.trainable_parameters(), cfg.trainer.grad_clip or float("inf")
     )
@@ -270,8 +291,9 @@ def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, mask, a
 
 
 def guarded_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
-    """Step unless the loss or the gradient norm is NaN/inf; then drop the gradients. -> whether it stepped."""
-    if torch.isfinite(loss).item() and torch.isfinite(grad_norm).item():
+    """Step unless the loss or the gradient norm is NaN/inf on any process; then drop the gradients. -> whether it
+    stepped."""
+    if distributed.all_true(torch.isfinite(loss).item() and torch.isfinite(grad_norm).item()):
         optimizer.step()
         return True
     optimizer.zero_grad(set_to_none=True)
@@ -312,11 +334,15 @@ def pretrain_value(cfg, parts: Parts, tracker, progress, stop: StopRequests, sta
             with torch.no_grad():
                 old_values = parts.models.critic(batch)
             returns = scores[:, None] * mask  # Monte-Carlo return with λ = 1, γ = 1: the final score at every token
-            metrics, stepped = value_update(cfg, parts, batch, old_values, returns, mask, agg_mode)
+            share = distributed.share(denominator(mask, mode=agg_mode))  # N processes: each its own samples
+            metrics, stepped = value_update(cfg, parts, batch, old_values, returns, mask, agg_mode, share)
             count_update(state, stepped, cfg.trainer.max_skipped)
-            metrics = {k.replace("train/", "value_pretrain/"): v for k, v in metrics.items()}
+            metrics = distributed.combine(
+                {k.replace("train/", "value_pretrain/"): share * v for k, v in metrics.items()}
+            )
             tracker.log_metrics(metrics, step=step)
             advance(value_loss=metrics["value_pretrain/value_loss"], ev=metrics["value_pretrain/explained_var"])
+            stop.requested = distributed.first_signal(stop.requested)
             if stop.requested:
                 raise stop.stop(f"during value pretraining (step {step}), before the first checkpoint")
             if vp.stop_explained_var is not None and metrics["value_pretrain/explained_var"] >= vp.stop_explained_var:
@@ -326,19 +352,28 @@ def pretrain_value(cfg, parts: Parts, tracker, progress, stop: StopRequests, sta
 
 @torch.no_grad()
 def evaluate(cfg, parts: Parts) -> dict[str, float]:
-    """Greedy and sampled accuracy on the task's fixed held-out prompts -> eval/*."""
+    """Greedy and sampled accuracy on the task's fixed held-out prompts -> eval/*.
+
+    N processes: each evaluates its block of the prompts; the counts are summed.
+    """
     task, policy = parts.task, parts.models.policy
-    prompts = [p.prompt for p in task.eval_problems]
+    problems, total = distributed.shard(task.eval_problems), len(task.eval_problems)
     out = {}
     devices = torch.random.fork_rng()  # evaluation must not shift the training samples' random stream
     with devices:
         for name, temperature in (("accuracy", 0.0), ("accuracy_sampled", cfg.rollout.temperature)):
-            batch = parts.sampler.generate(
-                policy, prompts, temperature=temperature, max_new_tokens=cfg.rollout.max_new_tokens
-            )
-            out[f"eval/{name}"] = sum(task.score_batch(batch.texts, task.eval_problems)) / len(prompts)
+            correct, tokens = 0.0, 0.0
+            if problems:  # more processes than prompts leave some without
+                batch = parts.sampler.generate(
+                    policy,
+                    [p.prompt for p in problems],
+                    temperature=temperature,
+                    max_new_tokens=cfg.rollout.max_new_tokens,
+                )
+                correct, tokens = sum(task.score_batch(batch.texts, problems)), batch.response_mask.sum().item()
+            out[f"eval/{name}"] = distributed.total(correct) / total
             if name == "accuracy":
-                out["eval/response_len"] = batch.response_mask.sum(1).float().mean().item()
+                out["eval/response_len"] = distributed.total(tokens) / total
     return out
 
 

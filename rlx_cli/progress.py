@@ -8,12 +8,18 @@ from contextlib import contextmanager
 
 
 class Progress:
-    def __init__(self, *, quiet: bool | None = None):
+    """``silent``: nothing at all (the processes of a torchrun job other than rank 0)."""
+
+    def __init__(self, *, quiet: bool | None = None, silent: bool = False):
         self.interactive = sys.stderr.isatty() if quiet is None else not quiet
+        self.silent = silent
 
     @contextmanager
     def task(self, description: str, total: int):
         """Yields ``advance(**fields)``: one step done, with the fields shown beside the bar."""
+        if self.silent:
+            yield lambda **fields: None
+            return
         if not self.interactive:
             start = time.perf_counter()
             print(f"{description} ...", file=sys.stderr, flush=True)
@@ -41,4 +47,5 @@ class Progress:
             yield advance
 
     def note(self, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
+        if not self.silent:
+            print(message, file=sys.stderr, flush=True)

@@ -13,6 +13,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -37,8 +38,11 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
         return None
     validate(cfg)
     job = job_config(cfg)
-    from rlx_cli import checkpoint  # torch: only once the config is known to be good
+    if job.launcher.name == "torchrun" and "WORLD_SIZE" not in os.environ:
+        become_torchrun(overrides, job.launcher.nproc_per_node)
+    from rlx_cli import checkpoint, distributed  # torch: only once the config is known to be good
 
+    distributed.start()  # under torchrun: join the other processes (rank 0 tracks and writes files)
     checkpoint.check_output_dir(job)
     choices = choices_of(cfg)
     tags = {
@@ -48,8 +52,9 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
         "rlx.study": os.environ.get("RLX_STUDY", ""),
         "rlx.seed": str(job.seed),
         "rlx.git_sha": git_sha(),
+        "rlx.processes": str(distributed.size()),
     }
-    progress = Progress()
+    progress = Progress(silent=not distributed.is_main())
     tracker = make_tracker(job, run_name(cfg))
     tracker.connect()  # a bad tracking URI fails here, before any work
     output_dir = Path(job.trainer.output_dir)
@@ -58,7 +63,9 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
         from rlx_cli.loop import train
 
         parts = build(job, progress)
+        distributed.broadcast_weights(parts.models.policy, parts.models.critic)
         state = checkpoint.resume(job, parts, progress)
+        distributed.seed_sampling(job.seed, state.step)
         tracker.start(job, tags, run_id=state.run_id)
         state.run_id = tracker.run_id
         started = time.perf_counter()
@@ -66,11 +73,27 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
             with stop.deferred():
                 final = dict(train(job, parts, tracker, progress, stop, state))
             final["perf/total_s"] = time.perf_counter() - started
-            save_final(parts, output_dir)
-            write_json(output_dir / "metrics.json", final)
-            tracker.log_artifact(output_dir / "metrics.json")
-    print_summary(final, tracker.run_id, output_dir, job)
+            if distributed.is_main():
+                save_final(parts, output_dir)
+                write_json(output_dir / "metrics.json", final)
+                tracker.log_artifact(output_dir / "metrics.json")
+    if distributed.is_main():
+        print_summary(final, tracker.run_id, output_dir, job)
     return final
+
+
+def become_torchrun(overrides: list[str], processes: int) -> NoReturn:
+    """``launcher=torchrun``: replace this process by torchrun, which starts ``processes`` × ``rlx train OVERRIDES``
+    on 127.0.0.1 (signals then reach torchrun, which passes them on to every process)."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for the processes' rendezvous
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    run = ["-m", "torch.distributed.run", f"--nproc-per-node={processes}", "--master-addr=127.0.0.1"]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, *run, f"--master-port={port}", "-m", "rlx_cli", "train", *overrides])
 
 
 @contextmanager

@@ -162,7 +162,10 @@ def ui_command(host: str, port: int) -> int:
 
 
 def make_tracker(cfg: DictConfig, run_name: str):
-    if cfg.tracking.name == "none":
+    """The run's tracker; under torchrun only rank 0's is MLflow, the other processes log nothing."""
+    from rlx_cli import distributed
+
+    if cfg.tracking.name == "none" or not distributed.is_main():
         return NullTracker()
     return MlflowTracker(cfg.tracking.experiment, cfg.tracking.run_name or run_name)
 

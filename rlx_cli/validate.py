@@ -7,6 +7,7 @@ engine's own keys by the table below. Any problem is one ``UserError`` naming th
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "task.verifier_timeout": (float, 1e-3, 3600.0),
     "value_pretrain.steps": (int, 0, 1_000_000),
     "tracking.name": (str, ("mlflow", "none")),
+    "launcher.nproc_per_node": (int, 1, 1024),
     "kl.placement": (str, ("reward", "loss")),
     "kl.coef": (float, 0.0, INF),
     "lm_loss.coef": (float, 0.0, INF),
@@ -74,6 +76,13 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key, default=None)
         if value and value != "policy" and not (Path(str(value)) / "config.json").is_file():
             raise UserError(f"{key}={value} is not a Hugging Face model directory (no config.json)")
+    # each process samples whole prompt groups: torchrun's WORLD_SIZE, or the processes launcher=torchrun will start
+    processes = int(os.environ.get("WORLD_SIZE", "0")) or cfg.launcher.get("nproc_per_node", 1)
+    if cfg.rollout.prompts_per_step < processes:
+        raise UserError(
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is fewer than the {processes} processes "
+            f"(valid: {processes} or more, a prompt group for each process)"
+        )
     rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
     if cfg.trainer.minibatches > rows:
         raise UserError(

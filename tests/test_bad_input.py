@@ -105,6 +105,12 @@ CASES = [
     ("range-seed", [*TRAIN, "seed=-1"], ["seed=-1", "0 to"], None, None),
     ("range-minibatches", [*TRAIN, "trainer.minibatches=1000"], ["trainer.minibatches"], None, None),
     ("range-max-skipped", [*TRAIN, "trainer.max_skipped=-1"], ["trainer.max_skipped"], None, None),
+    # processes
+    ("unknown-launcher", [*TRAIN, "launcher=slurm"], ["launcher 'slurm'", "torchrun"], None, None),
+    ("range-processes", [*TRAIN, "launcher=torchrun", "launcher.nproc_per_node=0"], ["launcher.nproc_per_node"],
+     None, None),
+    ("fewer-prompts-than-processes", [*TRAIN, "launcher=torchrun", "launcher.nproc_per_node=4",
+     "rollout.prompts_per_step=2"], ["rollout.prompts_per_step=2", "4 processes"], None, None),
     # model files
     ("model-missing", [*TRAIN, "model.path=missing"], ["model.path=missing", "config.json"], None, None),
     ("model-is-a-file", [*TRAIN, "model.path=notes.txt"], ["model.path=notes.txt"], None, write("notes.txt", "hi")),

@@ -73,3 +73,25 @@ def test_token_mean_gradient_is_mask_over_count():
 def test_unknown_mode_raises():
     with pytest.raises(ValueError, match="loss_agg.mode"):
         loss_agg.aggregate(PER_TOKEN, MASK, mode="sum")
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [("token_mean", 5.0), ("seq_mean_token_mean", 2.0), ("seq_mean_token_sum", 2.0), ("seq_mean_token_sum_norm", 8.0)],
+)
+def test_denominator_by_hand(mode, expected):
+    assert loss_agg.denominator(MASK, mode=mode).item() == expected
+
+
+@pytest.mark.parametrize("mode", loss_agg.MODES)
+def test_parts_weighted_by_their_denominators_add_up_to_the_whole(mode):
+    """How data-parallel processes split a loss: Σ_parts aggregate(part)·D(part)/ΣD = aggregate(whole)."""
+    per_token = torch.arange(15.0).view(5, 3)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0], [1, 1, 0], [1, 0, 0]]).float()
+    parts = [slice(0, 2), slice(2, 3), slice(3, 5)]  # one part without a real token
+    total = sum(loss_agg.denominator(mask[p], mode=mode) for p in parts)
+    weighted = sum(
+        loss_agg.aggregate(per_token[p], mask[p], mode=mode) * loss_agg.denominator(mask[p], mode=mode) / total
+        for p in parts
+    )
+    assert weighted.item() == pytest.approx(loss_agg.aggregate(per_token, mask, mode=mode).item())
