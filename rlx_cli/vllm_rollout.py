@@ -9,6 +9,7 @@ can sleep (weights to CPU, KV cache freed) while the trainer holds the memory (`
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,7 +105,7 @@ class VLLMSampler(HFSampler):
         self.rest()
 
     def load_adapter(self, model) -> None:
-        """Save the policy's adapter (safetensors) and swap it in under a new LoRA id, evicting the old one."""
+        """Save the policy's adapter (safetensors) and swap it in under a new LoRA id; the old one is dropped."""
         from vllm.lora.request import LoRARequest
 
         previous = self.adapter
@@ -114,6 +115,7 @@ class VLLMSampler(HFSampler):
         self.adapter = LoRARequest(f"policy-v{number}", number, str(path))
         if previous:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path)
 
     def wake(self) -> None:
         if self.asleep:
