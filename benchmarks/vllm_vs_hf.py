@@ -5,7 +5,8 @@
 One process, one torch thread, the default config (``prompts_per_step`` x ``group_size`` prompts of RL step 1,
 ``max_new_tokens``, temperature 1). HF and vLLM take turns on each repeat, so a busy machine slows both alike;
 the table gives medians and the median of the per-repeat ratios. Then the time of one weight sync for full
-fine-tuning and, for LoRA, merged weights vs a new adapter: the sync and a rollout batch after it.
+fine-tuning and, for LoRA, two engines on one policy taking turns, merged weights vs a new adapter: the sync
+and a rollout batch after it.
 """
 
 from __future__ import annotations
@@ -61,20 +62,35 @@ def generation(repeats: int) -> tuple[dict, list[float]]:
     return result, syncs
 
 
-def lora(mode: str, repeats: int) -> dict:
-    """One LoRA engine with ``rollout.lora_sync=mode``: sync seconds and tokens/s after a sync."""
-    cfg = job_config(compose(["rollout=vllm", "trainer.threads=1", "model.finetune=lora", f"rollout.lora_sync={mode}"]))
+def lora(repeats: int) -> dict:
+    """Two engines on one LoRA policy, merged weights vs a new adapter, taking turns: sync s and tokens/s after."""
+    from rlx_cli.vllm_rollout import VLLMSampler
+
+    cfg = job_config(compose(["rollout=vllm", "trainer.threads=1", "model.finetune=lora"]))
     parts = build(cfg, Progress(quiet=True))
-    policy, sampler, prompts = parts.models.policy, parts.sampler, rollout_batch(parts, cfg)
+    policy, prompts = parts.models.policy, rollout_batch(parts, cfg)
+    rollout = cfg.rollout.copy()
+    rollout.lora_sync = "adapter"
+    engines = {
+        "merged": parts.sampler,
+        "adapter": VLLMSampler(parts.sampler.llm.llm_engine.model_config.model, parts.models.tokenizer, rollout,
+                               cfg.model, chat_template=False, seed=cfg.seed),
+    }  # fmt: skip
+    noise = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in policy.named_parameters():
             if "lora_B" in name:
-                p.normal_(0, 0.01)  # a trained adapter, not the zero one LoRA starts from
-    syncs, speeds = [], []
+                p.copy_(0.01 * torch.randn(p.shape, generator=noise))  # a trained adapter, not LoRA's zero start
+    syncs = {mode: [] for mode in engines}
+    speeds = {mode: [] for mode in engines}
     for _ in range(repeats):
-        syncs.append(timed(lambda: sampler.sync(policy))[1])
-        speeds.append(tokens_per_s(sampler, policy, prompts, cfg))
-    return {"sync_s": statistics.median(syncs), "tokens_per_s": statistics.median(speeds)}
+        for mode, engine in engines.items():
+            syncs[mode].append(timed(lambda: engine.sync(policy))[1])  # noqa: B023 (called at once)
+            speeds[mode].append(tokens_per_s(engine, policy, prompts, cfg))
+    return {
+        f"lora_{mode}": {"sync_s": statistics.median(syncs[mode]), "tokens_per_s": statistics.median(speeds[mode])}
+        for mode in engines
+    } | {"lora_adapter_over_merged": statistics.median(a / m for a, m in zip(speeds["adapter"], speeds["merged"]))}
 
 
 def main() -> None:
@@ -85,9 +101,8 @@ def main() -> None:
     torch.set_num_threads(1)  # before the first engine: vLLM's CPU worker then locks torch's thread count
     gen, syncs = generation(args.repeats)
     result = {**gen, "full_sync_s": statistics.median(syncs)}
-    for mode in ("merged", "adapter"):
-        gc.collect()  # the previous engine's KV cache
-        result[f"lora_{mode}"] = lora(mode, args.repeats)
+    gc.collect()  # the first engine's KV cache
+    result.update(lora(args.repeats))
     print(f"| rollout batch ({gen['rows']} rows) | tokens/s |\n| --- | --- |")
     print(f"| HF generate | {gen['hf_tokens_per_s']:.0f} |\n| vLLM | {gen['vllm_tokens_per_s']:.0f} |")
     print(f"| vLLM / HF (median of {args.repeats} paired runs) | {gen['ratio']:.2f}x |\n")
@@ -96,6 +111,7 @@ def main() -> None:
     for mode in ("merged", "adapter"):
         r = result[f"lora_{mode}"]
         print(f"| LoRA {mode} | {r['sync_s']:.3f} | {r['tokens_per_s']:.0f} |")
+    print(f"\nLoRA adapter / merged tokens/s (median of paired runs): {result['lora_adapter_over_merged']:.2f}x")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print(f"\nwritten: {args.out}")
