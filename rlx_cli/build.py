@@ -40,7 +40,7 @@ class Component:
 class Parts:
     models: Models
     task: Any
-    sampler: HFSampler
+    sampler: HFSampler  # or a VLLMSampler: generate(model, prompts, ...) -> Rollout and sync(model)
     components: dict[str, Component]
     policy_optimizer: torch.optim.Optimizer
     policy_schedule: torch.optim.lr_scheduler.LRScheduler
@@ -83,8 +83,22 @@ def build(cfg: DictConfig, progress) -> Parts:
     critic_optimizer = None
     if models.critic is not None:
         critic_optimizer = adamw(models.critic.trainable_parameters(), cfg.critic.lr, cfg.trainer)
-    sampler = HFSampler(models.tokenizer, top_p=cfg.rollout.top_p, chat_template=cfg.task.get("chat_template", False))
+    sampler = SAMPLERS[cfg.rollout.name](cfg, models, path)
     return Parts(models, task, sampler, components, policy_optimizer, schedule, critic_optimizer)
+
+
+def hf_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
+    return HFSampler(models.tokenizer, top_p=cfg.rollout.top_p, chat_template=cfg.task.get("chat_template", False))
+
+
+def vllm_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
+    from rlx_cli.vllm_rollout import VLLMSampler  # vllm is an extra: imported only when asked for
+
+    chat_template = cfg.task.get("chat_template", False)
+    return VLLMSampler(path, models.tokenizer, cfg.rollout, cfg.model, chat_template=chat_template, seed=cfg.seed)
+
+
+SAMPLERS = {"hf": hf_sampler, "vllm": vllm_sampler}  # rollout.name -> the sampler's builder
 
 
 def adamw(params, lr: float, trainer: DictConfig) -> torch.optim.AdamW:

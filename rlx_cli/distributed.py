@@ -130,7 +130,8 @@ def gather_samples(batch: Rollout, scores: Tensor, group_index: Tensor, sampling
     """
     if size() == 1:
         return batch, scores, group_index, sampling, batch
-    tensors = {f.name: gather_list(getattr(batch, f.name)) for f in fields(Rollout) if f.name != "texts"}
+    present = [f.name for f in fields(Rollout) if f.name != "texts" and getattr(batch, f.name) is not None]
+    tensors = {name: gather_list(getattr(batch, name)) for name in present}  # sampler_logp: only from vLLM
     texts = gather_texts(batch.texts)
     parts = [Rollout(**{k: v[r] for k, v in tensors.items()}, texts=texts[r]) for r in range(size())]
     whole = Rollout.concat(parts, pad_id)

@@ -38,6 +38,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
     agg_mode = comp["loss_agg"].hparams["mode"]
     kl, last = comp["kl"], state.metrics
 
+    parts.sampler.sync(policy)  # an engine of its own (vLLM) starts from the policy's weights, a resumed run's too
     if state.step == 0:
         if critic is not None and cfg.value_pretrain.steps > 0:
             pretrain_value(cfg, parts, tracker, progress, stop, state)
@@ -102,6 +103,8 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                 cfg, parts, state, step, batch, old_logp, ref_logp, advantages, positive, values, returns, agg_mode
             )
             parts.policy_schedule.step()
+            updated = time.perf_counter()
+            parts.sampler.sync(policy)  # vLLM: the new weights to the engine
             finished = time.perf_counter()
 
             # 8. log, evaluate
@@ -115,10 +118,13 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                 "train/skipped_consecutive": float(state.skipped_in_a_row),
                 "perf/step_s": finished - started,
                 "perf/generate_s": generated - started,
+                "perf/sync_s": finished - updated,
                 "perf/tokens_per_s": lengths.sum().item() / (finished - started),
                 **sampling,
                 **update,
             }
+            if batch.sampler_logp is not None:  # how far the sampler's log-probs are from the trainer's
+                metrics["rollout/logp_gap"] = float(masked_mean((old_logp - batch.sampler_logp).abs(), mask))
             if trainer.eval_every and step % trainer.eval_every == 0 or step == trainer.steps:
                 metrics.update(evaluate(cfg, parts))
                 progress.note(f"step {step}: {summary(metrics)}")

@@ -1,4 +1,4 @@
-"""Rollouts: prompts -> sampled responses as one padded batch, with HF ``generate``."""
+"""Rollouts: prompts -> sampled responses as one padded batch, with HF ``generate`` (vLLM: ``vllm_rollout``)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ class Rollout:
     responses: torch.Tensor  # [B, T]
     response_mask: torch.Tensor  # [B, T] float, 1 up to and including EOS
     texts: list[str]  # decoded responses, EOS and padding stripped
+    sampler_logp: torch.Tensor | None = None  # [B, T] the sampler's own log-probs of the responses (vLLM), 0 on padding
 
     @property
     def prompt_len(self) -> int:
@@ -37,14 +38,20 @@ class Rollout:
         mask = torch.cat([pad(r.response_mask, 0, width_t - r.responses.shape[1], 0.0) for r in parts])
         attention = torch.cat([prompt_attn, mask.long()], dim=1)
         texts = [t for r in parts for t in r.texts]
-        return Rollout(torch.cat([prompts, responses], 1), attention, position_ids(attention), responses, mask, texts)
+        logp = None
+        if all(r.sampler_logp is not None for r in parts):
+            logp = torch.cat([pad(r.sampler_logp, 0, width_t - r.responses.shape[1], 0.0) for r in parts])
+        return Rollout(
+            torch.cat([prompts, responses], 1), attention, position_ids(attention), responses, mask, texts, logp
+        )
 
     def select(self, rows: torch.Tensor) -> Rollout:
-        picked = {f.name: getattr(self, f.name) for f in fields(self)}
-        picked = {
-            k: (v[rows] if isinstance(v, torch.Tensor) else [v[i] for i in rows.tolist()]) for k, v in picked.items()
-        }
-        return Rollout(**picked)
+        def pick(v):
+            if v is None:
+                return None
+            return v[rows] if isinstance(v, torch.Tensor) else [v[i] for i in rows.tolist()]
+
+        return Rollout(**{f.name: pick(getattr(self, f.name)) for f in fields(self)})
 
 
 def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -68,17 +75,21 @@ class HFSampler:
         messages = [{"role": "user", "content": prompt}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    @torch.no_grad()
-    def generate(self, model, prompts: list[str], *, temperature: float, max_new_tokens: int) -> Rollout:
-        tok = self.tokenizer
-        tok.padding_side = "left"
+    def encode(self, prompts: list[str]):
+        """Rendered, tokenized, left-padded prompts: ``input_ids`` and ``attention_mask`` [B, P]."""
+        self.tokenizer.padding_side = "left"
         # a chat template writes its own special tokens
-        enc = tok(
+        return self.tokenizer(
             [self.render(p) for p in prompts],
             padding=True,
             return_tensors="pt",
             add_special_tokens=not self.chat_template,
         )
+
+    @torch.no_grad()
+    def generate(self, model, prompts: list[str], *, temperature: float, max_new_tokens: int) -> Rollout:
+        tok = self.tokenizer
+        enc = self.encode(prompts)
         sampling = dict(temperature=temperature, top_p=self.top_p, top_k=0) if temperature > 0 else {}
         was_training = model.training
         model.eval()
@@ -91,12 +102,22 @@ class HFSampler:
             **sampling,
         )
         model.train(was_training)
-        responses = out[:, enc["input_ids"].shape[1] :]
-        mask = response_mask(responses, tok.eos_token_id)
-        responses = torch.where(mask.bool(), responses, tok.pad_token_id)
-        attention = torch.cat([enc["attention_mask"], mask.long()], dim=1)
-        texts = tok.batch_decode(responses, skip_special_tokens=True)
-        return Rollout(out, attention, position_ids(attention), responses, mask, texts)
+        return assemble(tok, enc, out[:, enc["input_ids"].shape[1] :])
+
+    def sync(self, model) -> None:
+        """``generate`` samples from the policy itself: there is nothing to copy."""
+
+
+def assemble(tokenizer, enc, responses: torch.Tensor, sampler_logp: torch.Tensor | None = None) -> Rollout:
+    """The Rollout of left-padded prompts ``enc`` and sampled ``responses`` [B, T]: masked after the first EOS."""
+    mask = response_mask(responses, tokenizer.eos_token_id)
+    responses = torch.where(mask.bool(), responses, tokenizer.pad_token_id)
+    attention = torch.cat([enc["attention_mask"], mask.long()], dim=1)
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    if sampler_logp is not None:
+        sampler_logp = sampler_logp * mask
+    input_ids = torch.cat([enc["input_ids"], responses], dim=1)
+    return Rollout(input_ids, attention, position_ids(attention), responses, mask, texts, sampler_logp)
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

