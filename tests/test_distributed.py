@@ -13,7 +13,7 @@ import socket
 
 import pytest
 import torch
-from conftest import SHORT, mlflow_runs, rlx
+from conftest import SHORT, mlflow_runs, rlx, save_tiny_llama
 from safetensors.torch import load_file, save_file
 
 # (name, overrides): every loss_agg mode; full and LoRA; no critic, the LoRA critic and the full-model one
@@ -34,28 +34,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A random tiny Llama with the character tokenizer, saved like a user's checkpoint."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from rlx_cli.base_model import VOCAB_SIZE, char_tokenizer
-
-    path = tmp_path_factory.mktemp("tiny")
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=VOCAB_SIZE,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    char_tokenizer().save_pretrained(path)
-    return path
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny"), layers=2, heads=2, head_dim=16)
 
 
 def one_update(model_dir, mode: str, overrides: list[str]):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import save_tiny_llama
 from omegaconf import OmegaConf
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
-from rlx_cli.base_model import VOCAB_SIZE, char_tokenizer
 from rlx_cli.compose import compose
 from rlx_cli.models import SharedCritic, build_models, response_logp
 from rlx_cli.rollout import HFSampler
@@ -16,26 +16,7 @@ from rlx_cli.rollout import HFSampler
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A random tiny Llama saved like a user's checkpoint."""
-    path = tmp_path_factory.mktemp("tiny")
-    tokenizer = char_tokenizer()
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=1,
-        num_key_value_heads=1,
-        head_dim=32,
-        vocab_size=VOCAB_SIZE,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny"), layers=1, heads=1, head_dim=32, tie=True)
 
 
 def snapshot(module, marker: str) -> dict[str, torch.Tensor]:
