@@ -54,8 +54,8 @@ def test_workers_get_an_absolute_tracking_uri(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
     assert sweep.worker_uri() == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking:5000")
-    assert sweep.worker_uri() == "http://tracking:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert sweep.worker_uri() == "http://127.0.0.1:5000"
     env = sweep.worker_env("s", "parent123", jobs=2)
     assert env["RLX_STUDY"] == "s" and env["RLX_PARENT_RUN_ID"] == "parent123" and int(env["OMP_NUM_THREADS"]) >= 1
 
