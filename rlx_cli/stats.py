@@ -33,13 +33,20 @@ def welch(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
     """
     if len(a) < 2 or len(b) < 2:
         return NAN, NAN, NAN
-    va, vb = std(a) ** 2 / len(a), std(b) ** 2 / len(b)
-    diff = mean(a) - mean(b)
-    if va + vb == 0:  # no spread at all: the means are equal or certainly not
+    diff, se, df = _difference(a, b)
+    if se == 0:  # no spread at all: the means are equal or certainly not
         return (0.0 if diff == 0 else math.copysign(math.inf, diff)), NAN, (1.0 if diff == 0 else 0.0)
-    t = diff / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    t = diff / se
     return t, df, t_two_sided_p(t, df)
+
+
+def _difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """(mean(a) - mean(b), its standard error sqrt(s_a²/n_a + s_b²/n_b), Welch–Satterthwaite df; NaN df if se = 0)."""
+    va, vb = std(a) ** 2 / len(a), std(b) ** 2 / len(b)
+    if va + vb == 0:
+        return mean(a) - mean(b), 0.0, NAN
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return mean(a) - mean(b), math.sqrt(va + vb), df
 
 
 def t_two_sided_p(t: float, df: float) -> float:
@@ -82,11 +89,8 @@ def welch_ci(a: Sequence[float], b: Sequence[float], *, level: float = 0.95) -> 
     """Welch's confidence interval of mean(a) - mean(b): Δ ± t_{df}(level) · sqrt(s_a²/n_a + s_b²/n_b); NaN if n < 2."""
     if len(a) < 2 or len(b) < 2:
         return NAN, NAN
-    diff = mean(a) - mean(b)
-    _, df, _ = welch(a, b)
-    if math.isnan(df):  # no spread on either side
-        return diff, diff
-    half = t_quantile(1 - level, df) * math.sqrt(std(a) ** 2 / len(a) + std(b) ** 2 / len(b))
+    diff, se, df = _difference(a, b)
+    half = t_quantile(1 - level, df) * se if se else 0.0  # no spread on either side: a point
     return diff - half, diff + half
 
 

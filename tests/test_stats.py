@@ -63,12 +63,19 @@ def test_welch_edge_cases():
     assert stats.welch([2.0, 2.0], [1.0, 1.0])[2] == 0.0  # no spread, different means
 
 
+def random_pairs(seed: int, count: int, max_n: int):
+    """``count`` pairs of samples (2..max_n values each) from N(0, 1) and N(0.4, 2²)."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        yield (
+            [rng.gauss(0, 1) for _ in range(rng.randint(2, max_n))],
+            [rng.gauss(0.4, 2) for _ in range(rng.randint(2, max_n))],
+        )
+
+
 def test_welch_matches_scipy():
     scipy_stats = pytest.importorskip("scipy.stats")
-    rng = random.Random(0)
-    for _ in range(50):
-        a = [rng.gauss(0, 1) for _ in range(rng.randint(2, 9))]
-        b = [rng.gauss(0.4, 2) for _ in range(rng.randint(2, 9))]
+    for a, b in random_pairs(0, 50, 9):
         ref = scipy_stats.ttest_ind(a, b, equal_var=False)
         t, _, p = stats.welch(a, b)
         assert t == pytest.approx(float(ref.statistic), rel=1e-9) and p == pytest.approx(float(ref.pvalue), abs=1e-9)
@@ -102,10 +109,7 @@ def test_welch_ci_by_hand():
 
 def test_welch_ci_matches_scipy():
     scipy_stats = pytest.importorskip("scipy.stats")
-    rng = random.Random(1)
-    for _ in range(20):
-        a = [rng.gauss(0, 1) for _ in range(rng.randint(2, 6))]
-        b = [rng.gauss(0.4, 2) for _ in range(rng.randint(2, 6))]
+    for a, b in random_pairs(1, 20, 6):
         t, df, _ = stats.welch(a, b)
         half = float(scipy_stats.t.ppf(0.975, df)) * (stats.mean(a) - stats.mean(b)) / t
         low, high = stats.welch_ci(a, b)
