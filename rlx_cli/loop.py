@@ -53,17 +53,19 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             generated = time.perf_counter()
             shaped, state.shaping = comp["reward_shaping"]({"scores": scores, "state": state.shaping})
 
-            # 3. old and reference log-probs, values
+            # 3. old and reference log-probs, values. One update on the whole batch sees the policy that sampled
+            #    it: its own log-probs, detached, are the old ones (as TRL does), and a forward is saved.
             with torch.no_grad(), evaluating(policy):
-                old_logp, _ = response_logp(policy, batch, rollout_cfg.temperature)
+                old_logp = (
+                    None if reuses_update_logp(cfg, kl) else response_logp(policy, batch, rollout_cfg.temperature)[0]
+                )
                 with models.reference_context():
                     ref_logp, _ = response_logp(models.reference_model, batch, rollout_cfg.temperature)
                 values = critic(batch) if critic is not None else None
 
             # 4. token rewards: the score at the last token, minus β·KL per token when KL sits in the reward
-            kl_tokens = kl({"logp": old_logp, "ref_logp": ref_logp})
-            in_reward = kl.wiring["placement"] == "reward"
-            kl_penalty = kl.wiring["coef"] * kl_tokens if in_reward else None
+            in_reward = kl_in_reward(kl)
+            kl_penalty = kl.wiring["coef"] * kl({"logp": old_logp, "ref_logp": ref_logp}) if in_reward else None
             token_rewards = adv_lib.token_rewards(shaped, mask, kl_penalty)
 
             # 5. one λ per row for the advantages, and the critic's λ for its targets
@@ -95,13 +97,14 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             update = update_step(
                 cfg, parts, state, step, batch, old_logp, ref_logp, advantages, positive, values, returns, agg_mode
             )
+            if old_logp is not None:
+                update["train/kl"] = float(masked_mean(kl_estimate(old_logp, ref_logp, kind="k3"), mask))
             parts.policy_schedule.step()
             finished = time.perf_counter()
 
             # 8. log, evaluate
             metrics = {
                 "train/reward": scores.mean().item(),
-                "train/kl": float(masked_mean(kl_estimate(old_logp, ref_logp, kind="k3"), mask)),  # to the reference
                 "train/response_len": lengths.float().mean().item(),
                 "train/adv_first_tokens": adv_first_tokens,
                 "train/policy_lam": policy_lam.float().mean().item(),
@@ -131,6 +134,16 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                     f"trainer.output_dir={trainer.output_dir}"
                 )
     return last
+
+
+def kl_in_reward(kl) -> bool:
+    return kl.wiring["placement"] == "reward" and kl.wiring["coef"] > 0
+
+
+def reuses_update_logp(cfg, kl) -> bool:
+    """One update on the whole batch (1 epoch, 1 minibatch) and no KL in the reward: the policy that sampled the
+    batch is the one the update sees, so its log-probs there, detached, are the old ones; no separate forward."""
+    return cfg.trainer.epochs == 1 and cfg.trainer.minibatches == 1 and not kl_in_reward(kl)
 
 
 def sample_groups(cfg, parts: Parts, step: int):
@@ -197,6 +210,8 @@ def update_step(
     """``trainer.epochs`` passes of ``trainer.minibatches`` updates; -> mean train/* metrics.
 
     An update whose loss or gradient norm is NaN/inf is skipped (``guarded_step``) and counted (``count_update``).
+    ``old_logp`` None: a single update on the whole batch, whose own detached log-probs are the old ones; it then
+    also measures ``train/kl`` (k3 to the reference, before the step), which the caller does otherwise.
     """
     comp, policy, critic = parts.components, parts.models.policy, parts.models.critic
     kl, lm, pl = comp["kl"], comp["lm_loss"], comp["policy_loss"]
@@ -209,7 +224,7 @@ def update_step(
             logp, entropy = response_logp(policy, mb, cfg.rollout.temperature, with_entropy=True)
             tensors = {
                 "logp": logp,
-                "old_logp": old_logp[rows],
+                "old_logp": logp.detach() if old_logp is None else old_logp[rows],
                 "advantages": advantages[rows],
                 "mask": mask,
                 "ref_logp": ref_logp[rows],
@@ -237,6 +252,10 @@ def update_step(
                 "train/grad_norm": grad_norm.item(),
                 **{f"train/{k}": float(v) for k, v in pg_metrics.items()},
             }
+            if old_logp is None:  # to the reference, before the step: the k3 estimate on the sampling policy
+                step_metrics["train/kl"] = float(
+                    masked_mean(kl_estimate(logp.detach(), ref_logp[rows], kind="k3"), mask)
+                )
             if critic is not None:
                 value_metrics, value_stepped = value_update(
                     cfg, parts, mb, old_values[rows], returns[rows], mask, agg_mode
