@@ -73,15 +73,19 @@ class Timers:
 
         return timed
 
-    def summary(self, warmup: int) -> dict:
-        """Medians over steps after ``warmup``; the last step start closes the last measured step."""
+    def summary(self, warmup: int, compute: tuple[str, ...] | None = None) -> dict:
+        """Medians over steps after ``warmup``; the last step start closes the last measured step.
+
+        ``rest`` is the step minus the ``compute`` phases (default: all of them)."""
+        compute = self.names if compute is None else compute
         steps = [b - a for a, b in zip(self.step_starts, self.step_starts[1:])][warmup:]
         phases = self.phases[warmup : len(self.step_starts) - 1]
         out = {"steps_measured": len(steps), "step_s": median(steps), "step_s_all": steps}
         for name in self.names:
             out[f"{name}_s"] = median([p[name] for p in phases])
-        out["rest_s"] = median([s - sum(p.values()) for s, p in zip(steps, phases)])
-        out["rest_share"] = median([(s - sum(p.values())) / s for s, p in zip(steps, phases)])
+        rest = [s - sum(p[c] for c in compute) for s, p in zip(steps, phases)]
+        out["rest_s"] = median(rest)
+        out["rest_share"] = median([r / s for r, s in zip(rest, steps)])
         return out
 
 
