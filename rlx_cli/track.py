@@ -110,12 +110,14 @@ class MlflowTracker:
             mlflow.log_artifact(str(path))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics(metrics, step=step)
+        """Queued and written by MLflow's logging thread in batches, off the training loop; ``end`` flushes it."""
+        self.mlflow.log_metrics(metrics, step=step, synchronous=False)
 
     def log_artifact(self, path: Path) -> None:
         self.mlflow.log_artifact(str(path))
 
     def end(self, status: str, error: str | None = None) -> None:
+        self.mlflow.flush_async_logging()  # every queued metric is in the store before the run is closed
         if error:
             self.mlflow.set_tag("rlx.error", error[:5000])
         self.mlflow.end_run(status=status)
