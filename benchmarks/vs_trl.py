@@ -230,8 +230,10 @@ def trl_worker(args) -> dict:
 def worker_main(args) -> None:
     one_thread()
     start = time.perf_counter()
+    before = load()
     result = (rlx_worker if args.worker == "rlx" else trl_worker)(args)
     result.update(tool=args.worker, total_s=time.perf_counter() - start, peak_rss_mib=peak_rss_mib())
+    result.update(load_before=before, load_after=load())
     Path(args.out).write_text(json.dumps(result))
 
 
@@ -246,6 +248,7 @@ def main() -> None:
     parser.add_argument("--rlx-tracking", default="mlflow", choices=["mlflow", "none"])
     parser.add_argument("--json", default=None, help="where to write the results (default benchmarks/results/)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    parser.add_argument("--collect", metavar="DIR", help="summarise the worker files a cut-short run left in DIR")
     # worker mode (internal)
     parser.add_argument("--worker", choices=["rlx", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -257,6 +260,12 @@ def main() -> None:
         return worker_main(args)
 
     plan = [(s, f) for s in args.sizes for f in args.finetunes]
+    if args.collect:  # a run cut short: summarise the workers' files it left
+        runs = []
+        for path in sorted(Path(args.collect).glob("*-*-*-*.json")):
+            tool, size, finetune, r = path.stem.split("-")
+            runs.append({**json.loads(path.read_text()), "size": size, "finetune": finetune, "round": int(r)})
+        return summarise(runs, plan, args)
     if args.dry_run:
         for s, f in plan:
             print(f"{s} {f}: {NEW_TOKENS[s] if args.new_tokens is None else args.new_tokens} new tokens, {SIZES[s]}")
@@ -300,13 +309,23 @@ def main() -> None:
                     f"rss {data['peak_rss_mib']:.0f} MiB, load {data['load_before']['load1']}",
                     flush=True,
                 )
+    summarise(runs, plan, args)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def summarise(runs: list[dict], plan, args) -> None:
+    """The table (medians over rounds; the ratio per round, rlx over TRL) and the JSON."""
     rows, summary = [], []
     for size, finetune in plan:
         pick = {
             t: [x for x in runs if x["size"] == size and x["finetune"] == finetune and x["tool"] == t]
             for t in ("rlx", "trl")
         }
-        ratios = [a["step_s"] / b["step_s"] for a, b in zip(pick["rlx"], pick["trl"])]
+        by_round = {t: {x["round"]: x for x in pick[t]} for t in pick}
+        rounds = sorted(set(by_round["rlx"]) & set(by_round["trl"]))
+        if not rounds:
+            continue
+        ratios = [by_round["rlx"][r]["step_s"] / by_round["trl"][r]["step_s"] for r in rounds]
         entry = {"size": size, "finetune": finetune, "ratios": ratios, "ratio": median(ratios)}
         for t in ("rlx", "trl"):
             entry[t] = {k: median([x[k] for x in pick[t]]) for k in ("step_s", "generate_s", "logp_s", "rest_s")}
@@ -338,8 +357,9 @@ def main() -> None:
         "peak RSS MiB rlx / TRL",
     ]
     print(table(headers, rows))
-    loads = [x["load_before"]["load1"] for x in runs] + [x["load_after"]["load1"] for x in runs]
-    print(f"load (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f} on {load()['cores']} cores")
+    loads = [x[k]["load1"] for x in runs for k in ("load_before", "load_after") if k in x]
+    if loads:
+        print(f"load (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f} on {load()['cores']} cores")
     path = write_json(
         "vs_trl",
         {
@@ -352,7 +372,6 @@ def main() -> None:
         args.json,
     )
     print(f"wrote {path}")
-    shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":
