@@ -127,6 +127,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             state.step = step
             due = trainer.ckpt_every and (step % trainer.ckpt_every == 0 or step == trainer.steps)
             if due or stop.requested:
+                tracker.flush()  # the metrics of every step up to a checkpoint are stored before it exists
                 saved = checkpoint.save(trainer.output_dir, parts, state, trainer.keep_ckpts)
             if stop.requested:
                 raise stop.stop(
