@@ -59,18 +59,20 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             generated = time.perf_counter()
             shaped, state.shaping = comp["reward_shaping"]({"scores": scores, "state": state.shaping})
 
-            # 3. old and reference log-probs, values (each process its own rows, gathered)
+            # 3. old and reference log-probs, values. One update on the whole batch sees the policy that sampled
+            #    it: its own log-probs, detached, are the old ones (as TRL does), and a forward is saved.
             with torch.no_grad(), evaluating(policy):
-                old_logp, _ = response_logp(policy, own, rollout_cfg.temperature)
+                old_logp = (
+                    None if reuses_update_logp(cfg, kl) else response_logp(policy, batch, rollout_cfg.temperature)[0]
+                )
                 with models.reference_context():
                     ref_logp, _ = response_logp(models.reference_model, own, rollout_cfg.temperature)
                 values = critic(own) if critic is not None else None
             old_logp, ref_logp, values = (distributed.gather(x) for x in (old_logp, ref_logp, values))
 
             # 4. token rewards: the score at the last token, minus β·KL per token when KL sits in the reward
-            kl_tokens = kl({"logp": old_logp, "ref_logp": ref_logp})
-            in_reward = kl.wiring["placement"] == "reward"
-            kl_penalty = kl.wiring["coef"] * kl_tokens if in_reward else None
+            in_reward = kl_in_reward(kl)
+            kl_penalty = kl.wiring["coef"] * kl({"logp": old_logp, "ref_logp": ref_logp}) if in_reward else None
             token_rewards = adv_lib.token_rewards(shaped, mask, kl_penalty)
 
             # 5. one λ per row for the advantages, and the critic's λ for its targets
@@ -102,6 +104,8 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             update = update_step(
                 cfg, parts, state, step, batch, old_logp, ref_logp, advantages, positive, values, returns, agg_mode
             )
+            if old_logp is not None:  # else update_step measured them on its own forward
+                update.update(logp_metrics(old_logp, ref_logp, batch.sampler_logp, mask))
             parts.policy_schedule.step()
             updated = time.perf_counter()
             parts.sampler.sync(policy)  # vLLM: the new weights to the engine
@@ -110,7 +114,6 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             # 8. log, evaluate
             metrics = {
                 "train/reward": scores.mean().item(),
-                "train/kl": float(masked_mean(kl_estimate(old_logp, ref_logp, kind="k3"), mask)),  # to the reference
                 "train/response_len": lengths.float().mean().item(),
                 "train/adv_first_tokens": adv_first_tokens,
                 "train/policy_lam": policy_lam.float().mean().item(),
@@ -123,8 +126,6 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                 **sampling,
                 **update,
             }
-            if batch.sampler_logp is not None:  # how far the sampler's log-probs are from the trainer's
-                metrics["rollout/logp_gap"] = float(masked_mean((old_logp - batch.sampler_logp).abs(), mask))
             if trainer.eval_every and step % trainer.eval_every == 0 or step == trainer.steps:
                 metrics.update(evaluate(cfg, parts))
                 progress.note(f"step {step}: {summary(metrics)}")
@@ -137,6 +138,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             stop.requested = distributed.first_signal(stop.requested)  # every process stops after the same step
             due = trainer.ckpt_every and (step % trainer.ckpt_every == 0 or step == trainer.steps)
             if due or stop.requested:
+                tracker.flush()  # the metrics of every step up to a checkpoint are stored before it exists
                 saved = checkpoint.save(trainer.output_dir, parts, state, trainer.keep_ckpts)
             if stop.requested:
                 raise stop.stop(
@@ -144,6 +146,25 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                     f"trainer.output_dir={trainer.output_dir}"
                 )
     return last
+
+
+def kl_in_reward(kl) -> bool:
+    return kl.wiring["placement"] == "reward" and kl.wiring["coef"] > 0
+
+
+def logp_metrics(old_logp, ref_logp, sampler_logp, mask) -> dict[str, float]:
+    """``train/kl`` (k3 estimate to the reference) and, when the sampler is an engine of its own (vLLM),
+    ``rollout/logp_gap``: mean |sampler log-prob − trainer log-prob| over response tokens. Tensors ``[B, T]``."""
+    metrics = {"train/kl": float(masked_mean(kl_estimate(old_logp, ref_logp, kind="k3"), mask))}
+    if sampler_logp is not None:
+        metrics["rollout/logp_gap"] = float(masked_mean((old_logp - sampler_logp).abs(), mask))
+    return metrics
+
+
+def reuses_update_logp(cfg, kl) -> bool:
+    """One update on the whole batch (1 epoch, 1 minibatch) and no KL in the reward: the policy that sampled the
+    batch is the one the update sees, so its log-probs there, detached, are the old ones; no separate forward."""
+    return cfg.trainer.epochs == 1 and cfg.trainer.minibatches == 1 and not kl_in_reward(kl)
 
 
 def sample_groups(cfg, parts: Parts, step: int):
@@ -215,6 +236,8 @@ def update_step(
     An update whose loss or gradient norm is NaN/inf is skipped (``guarded_step``) and counted (``count_update``).
     With N processes each takes its slice of every minibatch and weights its loss by its ``share`` of the
     minibatch's normaliser; summed gradients are the one-process gradient (``rlx_cli/distributed.py``).
+    ``old_logp`` None: a single update on the whole batch, whose own detached log-probs are the old ones; it then
+    also gives ``logp_metrics`` (``train/kl``, ``rollout/logp_gap``), which the caller does otherwise.
     """
     comp, policy, critic = parts.components, parts.models.policy, parts.models.critic
     kl, lm, pl = comp["kl"], comp["lm_loss"], comp["policy_loss"]
@@ -228,7 +251,7 @@ def update_step(
             logp, entropy = response_logp(policy, mb, cfg.rollout.temperature, with_entropy=True)
             tensors = {
                 "logp": logp,
-                "old_logp": old_logp[rows],
+                "old_logp": logp.detach() if old_logp is None else old_logp[rows],
                 "advantages": advantages[rows],
                 "mask": mask,
                 "ref_logp": ref_logp[rows],
@@ -259,6 +282,8 @@ def update_step(
                 "train/grad_norm": grad_norm.item(),
                 **{f"train/{k}": float(v) for k, v in pg_metrics.items()},
             }
+            if old_logp is None:  # this forward's log-probs are the sampling policy's
+                step_metrics.update(logp_metrics(logp.detach(), ref_logp[rows], mb.sampler_logp, mask))
             if critic is not None:
                 value_metrics, value_stepped = value_update(
                     cfg, parts, mb, old_values[rows], returns[rows], mask, agg_mode, share

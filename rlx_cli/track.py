@@ -57,6 +57,7 @@ class NullTracker:
     def connect(self) -> None: ...
     def start(self, cfg: DictConfig, tags: dict[str, str], run_id: str | None = None) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def flush(self) -> None: ...
     def log_artifact(self, path: Path) -> None: ...
     def end(self, status: str, error: str | None = None) -> None: ...
 
@@ -110,12 +111,18 @@ class MlflowTracker:
             mlflow.log_artifact(str(path))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics(metrics, step=step)
+        """Queued and written by MLflow's logging thread in batches, off the training loop; ``end`` flushes it."""
+        self.mlflow.log_metrics(metrics, step=step, synchronous=False)
+
+    def flush(self) -> None:
+        """Block until every queued metric is in the store (before a checkpoint: a resume relies on it)."""
+        self.mlflow.flush_async_logging()
 
     def log_artifact(self, path: Path) -> None:
         self.mlflow.log_artifact(str(path))
 
     def end(self, status: str, error: str | None = None) -> None:
+        self.flush()  # every queued metric is in the store before the run is closed
         if error:
             self.mlflow.set_tag("rlx.error", error[:5000])
         self.mlflow.end_run(status=status)

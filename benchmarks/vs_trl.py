@@ -1,0 +1,378 @@
+"""rlx vs TRL's GRPOTrainer on identical GRPO work: seconds per step, their ratio, and where each spends it.
+
+    python benchmarks/vs_trl.py                       # tiny + medium, LoRA + full, 2 interleaved rounds
+    python benchmarks/vs_trl.py --sizes tiny --finetunes lora --steps 8 --warmup 2 --rounds 1   # a smoke run
+
+The identical work, per step: 16 sums prompts x 8 samples, exactly ``--new-tokens`` new tokens (EOS is
+suppressed until then: ``min_new_tokens`` in the model directory's generation_config.json, which rlx's HF
+``generate`` reads, and in TRL's ``generation_kwargs``), temperature 1, top-p 1, no top-k; the same saved model
+and tokenizer; the sums verifier as the reward; no KL (TRL ``beta=0``; rlx ``algo=grpo`` has ``kl=none``); one
+AdamW step (lr, betas 0.9/0.98, no weight decay, grad clip 1) on all 128 completions (rlx
+``trainer.minibatches=1``; TRL ``per_device_train_batch_size=128``, one iteration); float32, no gradient
+checkpointing, one thread each. A step is the wall time from one step's start to the next one's (logging
+included), medians over ``--steps`` steps after ``--warmup``; each round runs rlx and TRL back to back, the
+order alternating between rounds. Breakdown: ``generate`` (the model's generate call), ``logp`` (forwards
+without gradient: old/reference log-probs), ``rest`` (the update: forward, backward, optimizer, and bookkeeping).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import Timers, load, median, one_thread, peak_rss_mib, run_worker, table, versions, write_json  # noqa: E402
+
+SIZES = {  # LlamaConfig fields besides the tokenizer's; None = the built-in tiny base model (SFT'd, cached)
+    "tiny": None,
+    "medium": dict(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
+    "large": dict(
+        hidden_size=512,
+        intermediate_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        head_dim=64,
+    ),
+}
+NEW_TOKENS = {"tiny": 8, "medium": 64, "large": 64}
+LR = {"full": 1e-5, "lora": 3e-4}  # rlx model=tiny's rates
+
+
+def make_model_dir(size: str, new_tokens: int, root: Path) -> Path:
+    """A saved model + tokenizer whose generation config forces exactly ``new_tokens`` new tokens."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from rlx_cli.base_model import VOCAB_SIZE, char_tokenizer
+
+    target = root / f"{size}-{new_tokens}"
+    if (target / "config.json").exists():
+        return target
+    if SIZES[size] is None:
+        shutil.copytree(tiny_base_dir(), target)
+        model = LlamaForCausalLM.from_pretrained(target)
+    else:
+        tok = char_tokenizer()
+        torch.manual_seed(0)
+        config = LlamaConfig(
+            **SIZES[size],
+            vocab_size=VOCAB_SIZE,
+            tie_word_embeddings=True,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            max_position_embeddings=128,
+        )
+        model = LlamaForCausalLM(config)  # random weights: only the cost is measured
+        model.save_pretrained(target, safe_serialization=True)
+        tok.save_pretrained(target)
+    gen = GenerationConfig.from_model_config(model.config)
+    gen.min_new_tokens = new_tokens
+    gen.save_pretrained(target)
+    return target
+
+
+def tiny_base_dir() -> Path:
+    """The built-in base model, built once (about 2 min) and cached in $RLX_HOME."""
+    from rlx_cli.base_model import ensure_base_model
+    from rlx_cli.compose import compose
+    from rlx_cli.progress import Progress
+    from rlx_cli.tasks import build_task
+
+    cfg = compose([])
+    return ensure_base_model(cfg.model, cfg.task, build_task(cfg.task), Progress())
+
+
+def rlx_worker(args) -> dict:
+    """``rlx train algo=grpo`` in this process, its step starts and phases timed by light wrappers."""
+    import torch
+
+    from rlx_cli import loop, run
+
+    timers = Timers()
+    loop.sample_groups = _starting(timers, loop.sample_groups)
+    loop.response_logp = timers.wrap(loop.response_logp, "logp", when=lambda: not torch.is_grad_enabled())
+    _patch_generate(timers)
+    out_dir = tempfile.mkdtemp(prefix="rlx-bench-")
+    overrides = [
+        "algo=grpo",
+        f"model.path={args.model_dir}",
+        f"model.finetune={args.finetune}",
+        f"trainer.lr={LR[args.finetune]}",
+        f"trainer.steps={args.warmup + args.steps + 1}",
+        "trainer.eval_every=0",
+        "trainer.ckpt_every=0",
+        "trainer.minibatches=1",
+        "trainer.threads=1",
+        f"rollout.max_new_tokens={args.new_tokens}",
+        f"trainer.output_dir={out_dir}",
+        f"tracking={args.rlx_tracking}",
+    ]
+    run.train_command(overrides)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return {"overrides": overrides, **timers.summary(args.warmup)}
+
+
+def _starting(timers: Timers, fn):
+    def wrapped(cfg, parts, step):
+        if step > 0:  # value pretraining samples with negative steps
+            timers.start_step()
+        return fn(cfg, parts, step)
+
+    return wrapped
+
+
+def _patch_generate(timers: Timers) -> None:
+    from transformers.generation.utils import GenerationMixin
+
+    GenerationMixin.generate = timers.wrap(GenerationMixin.generate, "generate")
+
+
+def trl_worker(args) -> dict:
+    """TRL's GRPOTrainer on the same model directory, prompts, reward and optimizer."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rlx_cli.tasks import Problem, SumsTask
+
+    timers = Timers()
+    _patch_generate(timers)
+    GRPOTrainer._get_per_token_logps_and_entropies = timers.wrap(
+        GRPOTrainer._get_per_token_logps_and_entropies, "logp", when=lambda: not torch.is_grad_enabled()
+    )
+    steps = args.warmup + args.steps + 1
+    task = SumsTask(min_terms=2, max_terms=6, eval_size=1, eval_seed=0)
+    problems = [p for step in range(1, steps + 1) for p in task.train_problems(16, seed=0, step=step)]
+    dataset = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in problems])
+
+    def sums_reward(prompts, completions, answer, **_):
+        return [SumsTask.score(c, Problem(p, a)) for p, c, a in zip(prompts, completions, answer)]
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            timers.start_step()
+
+        def on_train_end(self, *_, **__):
+            timers.start_step()  # closes the last step
+
+    peft_config = None
+    if args.finetune == "lora":
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
+        )
+    out_dir = tempfile.mkdtemp(prefix="trl-bench-")
+    config = GRPOConfig(
+        output_dir=out_dir,
+        per_device_train_batch_size=128,  # completions, not prompts: 16 prompts x 8
+        num_generations=8,
+        max_completion_length=args.new_tokens,
+        generation_kwargs={"min_new_tokens": args.new_tokens},
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        num_iterations=1,
+        epsilon=0.2,
+        loss_type="grpo",  # per-sequence token mean, then the mean: rlx's seq_mean_token_mean
+        scale_rewards="group",
+        learning_rate=LR[args.finetune],
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=10,
+        max_steps=steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        dataloader_num_workers=0,
+        shuffle_dataset=False,
+        disable_tqdm=True,
+        seed=0,
+    )
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=sums_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[StepClock()],
+    )
+    trainer.train()
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return timers.summary(args.warmup)
+
+
+def worker_main(args) -> None:
+    one_thread()
+    start = time.perf_counter()
+    before = load()
+    result = (rlx_worker if args.worker == "rlx" else trl_worker)(args)
+    result.update(tool=args.worker, total_s=time.perf_counter() - start, peak_rss_mib=peak_rss_mib())
+    result.update(load_before=before, load_after=load())
+    Path(args.out).write_text(json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "medium"], choices=list(SIZES))
+    parser.add_argument("--finetunes", nargs="+", default=["lora", "full"], choices=["lora", "full"])
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per run (after --warmup)")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2, help="rlx and TRL back to back, order alternating")
+    parser.add_argument("--new-tokens", type=int, default=None, help="override the size's new tokens")
+    parser.add_argument("--rlx-tracking", default="mlflow", choices=["mlflow", "none"])
+    parser.add_argument("--json", default=None, help="where to write the results (default benchmarks/results/)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    parser.add_argument("--collect", metavar="DIR", help="summarise the worker files a cut-short run left in DIR")
+    # worker mode (internal)
+    parser.add_argument("--worker", choices=["rlx", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--finetune", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        args.new_tokens = int(args.new_tokens)
+        return worker_main(args)
+
+    plan = [(s, f) for s in args.sizes for f in args.finetunes]
+    if args.collect:  # a run cut short: summarise the workers' files it left
+        runs = []
+        for path in sorted(Path(args.collect).glob("*-*-*-*.json")):
+            tool, size, finetune, r = path.stem.split("-")
+            runs.append({**json.loads(path.read_text()), "size": size, "finetune": finetune, "round": int(r)})
+        return summarise(runs, plan, args)
+    if args.dry_run:
+        for s, f in plan:
+            print(f"{s} {f}: {NEW_TOKENS[s] if args.new_tokens is None else args.new_tokens} new tokens, {SIZES[s]}")
+        return
+    scratch = Path(tempfile.mkdtemp(prefix="vs-trl-"))
+    runs = []
+    for r in range(args.rounds):
+        for size, finetune in plan:
+            new_tokens = args.new_tokens or NEW_TOKENS[size]
+            model_dir = make_model_dir(size, new_tokens, scratch)
+            order = ("rlx", "trl") if r % 2 == 0 else ("trl", "rlx")
+            for tool in order:
+                out = scratch / f"{tool}-{size}-{finetune}-{r}.json"
+                argv = [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    tool,
+                    "--model-dir",
+                    str(model_dir),
+                    "--finetune",
+                    finetune,
+                    "--new-tokens",
+                    str(new_tokens),
+                    "--steps",
+                    str(args.steps),
+                    "--warmup",
+                    str(args.warmup),
+                    "--rlx-tracking",
+                    args.rlx_tracking,
+                    "--out",
+                    str(out),
+                ]
+                env = {"MLFLOW_TRACKING_URI": f"sqlite:///{scratch}/mlflow.db"}
+                data = run_worker(argv, out, env=env)
+                data.update(size=size, finetune=finetune, round=r, new_tokens=new_tokens)
+                runs.append(data)
+                print(
+                    f"round {r} {size:6s} {finetune:4s} {tool}: {data['step_s']:.3f} s/step "
+                    f"(gen {data['generate_s']:.3f}, logp {data['logp_s']:.3f}, rest {data['rest_s']:.3f}) "
+                    f"rss {data['peak_rss_mib']:.0f} MiB, load {data['load_before']['load1']}",
+                    flush=True,
+                )
+    summarise(runs, plan, args)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def summarise(runs: list[dict], plan, args) -> None:
+    """The table (medians over rounds; the ratio per round, rlx over TRL) and the JSON."""
+    rows, summary = [], []
+    for size, finetune in plan:
+        pick = {
+            t: [x for x in runs if x["size"] == size and x["finetune"] == finetune and x["tool"] == t]
+            for t in ("rlx", "trl")
+        }
+        by_round = {t: {x["round"]: x for x in pick[t]} for t in pick}
+        rounds = sorted(set(by_round["rlx"]) & set(by_round["trl"]))
+        if not rounds:
+            continue
+        ratios = [by_round["rlx"][r]["step_s"] / by_round["trl"][r]["step_s"] for r in rounds]
+        entry = {"size": size, "finetune": finetune, "ratios": ratios, "ratio": median(ratios)}
+        for t in ("rlx", "trl"):
+            entry[t] = {k: median([x[k] for x in pick[t]]) for k in ("step_s", "generate_s", "logp_s", "rest_s")}
+            entry[t]["peak_rss_mib"] = max(x["peak_rss_mib"] for x in pick[t])
+        summary.append(entry)
+
+        def cell(t, e=entry):
+            d = e[t]
+            return f"{d['step_s']:.3f} ({d['generate_s']:.3f} / {d['logp_s']:.3f} / {d['rest_s']:.3f})"
+
+        rows.append(
+            [
+                size,
+                finetune,
+                cell("rlx"),
+                cell("trl"),
+                " ".join(f"{x:.2f}" for x in ratios),
+                f"{entry['ratio']:.2f}",
+                f"{entry['rlx']['peak_rss_mib']:.0f} / {entry['trl']['peak_rss_mib']:.0f}",
+            ]
+        )
+    headers = [
+        "size",
+        "finetune",
+        "rlx s/step (gen / logp / rest)",
+        "TRL s/step (gen / logp / rest)",
+        "rlx/TRL per round",
+        "ratio",
+        "peak RSS MiB rlx / TRL",
+    ]
+    print(table(headers, rows))
+    loads = [x[k]["load1"] for x in runs for k in ("load_before", "load_after") if k in x]
+    if loads:
+        print(f"load (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f} on {load()['cores']} cores")
+    path = write_json(
+        "vs_trl",
+        {
+            "args": {k: v for k, v in vars(args).items() if v is not None},
+            "versions": versions("rlx", "trl", "transformers", "torch", "peft", "accelerate"),
+            "summary": summary,
+            "runs": runs,
+            "sizes": {k: SIZES[k] for k in args.sizes},
+        },
+        args.json,
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
