@@ -54,7 +54,7 @@ def cache_key(model_cfg: DictConfig, task_cfg: DictConfig) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def ensure_base_model(model_cfg: DictConfig, task_cfg: DictConfig, task, progress) -> Path:
+def ensure_base_model(model_cfg: DictConfig, task_cfg: DictConfig, task, progress, device="cpu") -> Path:
     """The cached base model's directory, training it first if it is not there yet."""
     target = rlx_home() / "base" / f"tiny-{cache_key(model_cfg, task_cfg)}"
     if (target / "config.json").exists():
@@ -63,11 +63,11 @@ def ensure_base_model(model_cfg: DictConfig, task_cfg: DictConfig, task, progres
     with open(target.parent / f"{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # parallel sweep workers: one trains, the others wait
         if not (target / "config.json").exists():
-            _train_and_save(model_cfg, task_cfg, task, target, progress)
+            _train_and_save(model_cfg, task_cfg, task, target, progress, device)
     return target
 
 
-def _train_and_save(model_cfg, task_cfg, task, target: Path, progress) -> None:
+def _train_and_save(model_cfg, task_cfg, task, target: Path, progress, device) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     sft = model_cfg.sft
@@ -82,7 +82,7 @@ def _train_and_save(model_cfg, task_cfg, task, target: Path, progress) -> None:
         pad_token_id=tokenizer.pad_token_id,
         max_position_embeddings=128,
     )
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, betas=(0.9, 0.98), weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _warmup_cosine(s, sft.warmup_steps, sft.steps))
     rng = random.Random(sft.seed)
@@ -126,4 +126,4 @@ def sft_loss(model, tokenizer, examples: list[tuple[str, str]]) -> torch.Tensor:
         input_ids[i, : len(row)] = torch.tensor(row)
         labels[i, len(p) : len(row)] = torch.tensor(row[len(p) :])
     # right padding under a causal mask cannot affect earlier tokens, so no attention mask is needed
-    return model(input_ids=input_ids, labels=labels).loss
+    return model(input_ids=input_ids.to(model.device), labels=labels.to(model.device)).loss

@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlx_cli.errors import UserError
-from rlx_cli.models import Models, build_models
+from rlx_cli.models import Models, build_models, pick_device
 from rlx_cli.rollout import HFSampler
 from rlx_cli.tasks import build_task
 
@@ -71,11 +71,12 @@ def build(cfg: DictConfig, progress) -> Parts:
             f"model={cfg.model.name} with no model.path is built for task=sums; "
             f"for task={cfg.task.name} use model=hf model.path=DIR"
         )
-    path = Path(cfg.model.path) if cfg.model.path else ensure_base_model(cfg.model, cfg.task, task, progress)
+    device = pick_device(cfg.trainer.device)
+    path = Path(cfg.model.path) if cfg.model.path else ensure_base_model(cfg.model, cfg.task, task, progress, device)
     components = components_of(cfg)
     needs_critic = components["advantage"].takes("values")
     torch.manual_seed(cfg.seed)
-    models = build_models(path, cfg.model, needs_critic=needs_critic, critic_cfg=cfg.critic)
+    models = build_models(path, cfg.model, needs_critic=needs_critic, critic_cfg=cfg.critic, device=device)
     policy_params = [p for n, p in models.policy.named_parameters() if p.requires_grad and ".critic." not in n]
     policy_optimizer = adamw(policy_params, cfg.trainer.lr, cfg.trainer)
     warmup = max(1, cfg.trainer.warmup_steps)

@@ -160,7 +160,7 @@ def report(
     out: Path = typer.Option(None, "--out", "-o", help="Write the table to this file instead of stdout."),
     plots: Path = typer.Option(None, "--plots", help="Write PNG learning curves (mean ± std per arm) here."),
     extra_metrics: str = typer.Option(None, "--extra-metrics", help="More columns, e.g. train/reward,perf/step_s."),
-    stats: bool = typer.Option(False, "--stats", help="Add Welch's t-test p and a 95% bootstrap CI of Δ."),
+    stats: bool = typer.Option(False, "--stats", help="Add Welch's t-test p and Welch's 95% CI of Δ."),
     minimize: bool = typer.Option(False, "--minimize", help="Lower is better (bold the smallest mean)."),
 ) -> None:
     """The ablation table of tracked runs: one row per arm, mean ± std over seeds, Δ vs the baseline.

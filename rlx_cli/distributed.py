@@ -31,7 +31,8 @@ them the same way (DDP would also overlap it with the backward pass, which matte
 Not FSDP2: sharded weights are gathered in every forward, so ``generate`` would have to run in lock-step
 on all processes; every replica here samples on its own.
 
-The backend is gloo: the engine computes on the CPU. Without ``torchrun`` (WORLD_SIZE unset or 1) every
+The backend is gloo on the CPU; with CUDA, NCCL for GPU tensors and gloo for the CPU ones (texts, metrics),
+each process on the GPU of its ``LOCAL_RANK``. Without ``torchrun`` (WORLD_SIZE unset or 1) every
 function here is the identity and a run is exactly the one-process run.
 """
 
@@ -63,7 +64,11 @@ def is_main() -> bool:
 def start() -> None:
     """Join torchrun's process group (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); nothing without torchrun."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo")
+        if torch.cuda.is_available():  # NCCL for GPU tensors, gloo for the CPU ones (texts, metrics)
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group("cpu:gloo,cuda:nccl")
+        else:
+            dist.init_process_group("gloo")
         atexit.register(dist.destroy_process_group)
 
 

@@ -125,6 +125,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                 "perf/tokens_per_s": lengths.sum().item() / (finished - started),
                 **sampling,
                 **update,
+                **gpu_memory(models.device),
             }
             if trainer.eval_every and step % trainer.eval_every == 0 or step == trainer.steps:
                 metrics.update(evaluate(cfg, parts))
@@ -150,6 +151,13 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
 
 def kl_in_reward(kl) -> bool:
     return kl.wiring["placement"] == "reward" and kl.wiring["coef"] > 0
+
+
+def gpu_memory(device: torch.device) -> dict[str, float]:
+    """``perf/gpu_peak_gib``: the most GPU memory this process has allocated so far (none on the CPU)."""
+    if device.type != "cuda":
+        return {}
+    return {"perf/gpu_peak_gib": torch.cuda.max_memory_allocated(device) / 2**30}
 
 
 def logp_metrics(old_logp, ref_logp, sampler_logp, mask) -> dict[str, float]:
@@ -205,10 +213,11 @@ def sample_groups(cfg, parts: Parts, step: int):
     if len(kept_batches) > 1:
         batch = Rollout.concat(kept_batches, parts.models.tokenizer.pad_token_id)
     group_index = torch.arange(groups).repeat_interleave(size)
+    device = parts.models.device
     return (
-        batch,
-        torch.cat(kept_scores),
-        group_index,
+        batch.to(device),
+        torch.cat(kept_scores).to(device),
+        group_index.to(device),
         {
             "train/groups": float(groups),
             "train/draws": float(draws),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,10 @@ class Models:
     def reference_model(self) -> nn.Module:
         return self.policy if self.reference is None else self.reference
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.policy.parameters()).device
+
 
 def load_pretrained(path: Path, model_cfg: DictConfig):
     """(causal LM, tokenizer) from a local ``save_pretrained`` directory; one clear line if it is not one."""
@@ -56,7 +61,20 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def build_models(path: Path, model_cfg: DictConfig, *, needs_critic: bool, critic_cfg: DictConfig) -> Models:
+def pick_device(name: str) -> torch.device:
+    """``trainer.device``: ``auto`` is this process's GPU (``LOCAL_RANK`` under torchrun) when CUDA is
+    available, else the CPU."""
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UserError(f"trainer.device={name}: torch sees no CUDA device here; valid choices: auto, cpu, cuda")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def build_models(
+    path: Path, model_cfg: DictConfig, *, needs_critic: bool, critic_cfg: DictConfig, device: str = "cpu"
+) -> Models:
+    """Policy, reference and critic on ``device``."""
     model, tokenizer = load_pretrained(path, model_cfg)
     if model_cfg.finetune == "lora":
         from peft import LoraConfig, get_peft_model
@@ -76,6 +94,9 @@ def build_models(path: Path, model_cfg: DictConfig, *, needs_critic: bool, criti
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     if needs_critic and critic is None:
         critic = Critic.from_weights(path, model_cfg, critic_cfg)
+    for module in (policy, reference, critic):  # the LoRA critic moves its head; its adapter moves with the policy
+        if module is not None:
+            module.to(device)
     return Models(policy, tokenizer, reference, critic)
 
 
@@ -89,7 +110,7 @@ def value_head(hidden_size: int) -> nn.Linear:
 def values_at_responses(hidden: torch.Tensor, head: nn.Linear, batch: Rollout) -> torch.Tensor:
     """The value of response token t from the hidden state of the position before it -> [B, T]."""
     start = batch.prompt_len - 1
-    return head(hidden[:, start : start + batch.responses.shape[1]]).squeeze(-1).float()
+    return head(hidden[:, start : start + batch.responses.shape[1]].float()).squeeze(-1)  # an fp32 head
 
 
 class Critic(nn.Module):
@@ -109,7 +130,9 @@ class Critic(nn.Module):
         from transformers import AutoModel
 
         source = Path(path) if critic_cfg.init == "policy" else Path(critic_cfg.init)
-        body = AutoModel.from_pretrained(source, trust_remote_code=model_cfg.trust_remote_code)
+        body = AutoModel.from_pretrained(
+            source, dtype=torch_dtype(model_cfg.dtype), trust_remote_code=model_cfg.trust_remote_code
+        )
         return cls(body, body.config.hidden_size)
 
     def forward(self, batch: Rollout) -> torch.Tensor:

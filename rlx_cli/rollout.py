@@ -19,6 +19,10 @@ class Rollout:
     texts: list[str]  # decoded responses, EOS and padding stripped
     sampler_logp: torch.Tensor | None = None  # [B, T] the sampler's own log-probs of the responses (vLLM), 0 on padding
 
+    def to(self, device: torch.device) -> Rollout:
+        """The same batch with its tensors on ``device``."""
+        return Rollout(**{f.name: move(getattr(self, f.name), device) for f in fields(self)})
+
     @property
     def prompt_len(self) -> int:
         return self.input_ids.shape[1] - self.responses.shape[1]
@@ -89,7 +93,7 @@ class HFSampler:
     @torch.no_grad()
     def generate(self, model, prompts: list[str], *, temperature: float, max_new_tokens: int) -> Rollout:
         tok = self.tokenizer
-        enc = self.encode(prompts)
+        enc = self.encode(prompts).to(model.device)
         sampling = dict(temperature=temperature, top_p=self.top_p, top_k=0) if temperature > 0 else {}
         was_training = model.training
         model.eval()
@@ -118,6 +122,11 @@ def assemble(tokenizer, enc, responses: torch.Tensor, sampler_logp: torch.Tensor
         sampler_logp = sampler_logp * mask
     input_ids = torch.cat([enc["input_ids"], responses], dim=1)
     return Rollout(input_ids, attention, position_ids(attention), responses, mask, texts, sampler_logp)
+
+
+def move(value, device: torch.device):
+    """A tensor to ``device``; anything else (texts, None) as it is."""
+    return value.to(device) if isinstance(value, torch.Tensor) else value
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "rollout.enforce_eager": (bool, (True, False)),
     "rollout.kv_cache_gib": (int, 1, 1_000_000),
     "trainer.steps": (int, 1, 10_000_000),
+    "trainer.device": (str, ("auto", "cpu", "cuda")),
     "trainer.eval_every": (int, 0, 10_000_000),
     "trainer.lr": (float, 1e-12, 1.0),
     "trainer.weight_decay": (float, 0.0, 1.0),

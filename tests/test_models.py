@@ -74,3 +74,25 @@ def test_full_finetune_gets_a_frozen_reference_copy(model_dir):
     models = build_models(model_dir, cfg.model, needs_critic=True, critic_cfg=cfg.critic)
     assert models.reference is not models.policy and not any(p.requires_grad for p in models.reference.parameters())
     assert models.critic is not None and OmegaConf.select(cfg, "critic.init") == "policy"
+
+
+def test_device_auto_is_the_cpu_without_cuda_and_cuda_is_refused_in_one_line(monkeypatch):
+    from rlx_cli.errors import UserError
+    from rlx_cli.models import pick_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pick_device("auto") == torch.device("cpu")
+    assert pick_device("cpu") == torch.device("cpu")
+    with pytest.raises(UserError, match=r"trainer.device=cuda: .*valid choices: auto, cpu, cuda"):
+        pick_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "1")  # under torchrun: this process's GPU
+    assert pick_device("auto") == torch.device("cuda", 1)
+
+
+def test_models_land_on_the_device_asked_for(model_dir):
+    cfg = compose(["algo=vapo", "model.finetune=full"])
+    models = build_models(model_dir, cfg.model, needs_critic=True, critic_cfg=cfg.critic, device="meta")
+    for module in (models.policy, models.reference, models.critic):
+        assert {p.device.type for p in module.parameters()} == {"meta"}
+    assert models.device == torch.device("meta")
