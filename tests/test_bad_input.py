@@ -107,6 +107,7 @@ CASES = [
     ("range-minibatches", [*TRAIN, "trainer.minibatches=1000"], ["trainer.minibatches"], None, None),
     ("range-max-skipped", [*TRAIN, "trainer.max_skipped=-1"], ["trainer.max_skipped"], None, None),
     # processes
+    ("no-cuda", [*TRAIN, "trainer.device=cuda"], ["trainer.device=cuda", "auto, cpu, cuda"], None, None),
     ("unknown-launcher", [*TRAIN, "launcher=slurm"], ["launcher 'slurm'", "torchrun"], None, None),
     ("range-processes", [*TRAIN, "launcher=torchrun", "launcher.nproc_per_node=0"], ["launcher.nproc_per_node"],
      None, None),
