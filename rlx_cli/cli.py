@@ -162,6 +162,7 @@ def report(
     extra_metrics: str = typer.Option(None, "--extra-metrics", help="More columns, e.g. train/reward,perf/step_s."),
     stats: bool = typer.Option(False, "--stats", help="Add Welch's t-test p and Welch's 95% CI of Δ."),
     minimize: bool = typer.Option(False, "--minimize", help="Lower is better (bold the smallest mean)."),
+    seeds: str = typer.Option(None, "--seeds", help="Only these seeds, e.g. 0,1,2: every arm on the same seeds."),
 ) -> None:
     """The ablation table of tracked runs: one row per arm, mean ± std over seeds, Δ vs the baseline.
 
@@ -171,7 +172,7 @@ def report(
 
     text = report_command(
         experiment=experiment, study=study, metric=metric, baseline=baseline, reduce_by=reduce, k=k, fmt=fmt,
-        out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, minimize=minimize,
+        out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, minimize=minimize, seeds=seeds,
     )  # fmt: skip
     if out is None:
         print(text, end="")

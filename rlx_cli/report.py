@@ -81,6 +81,20 @@ def load_runs(experiment: str | None, study: str | None) -> list:
     return runs
 
 
+def only_seeds(runs: list, seeds: str | None) -> list:
+    """``--seeds 0,1,2``: the runs of those seeds (so that arms run with more seeds compare on the same ones)."""
+    if seeds is None:
+        return runs
+    wanted = {s.strip() for s in seeds.split(",") if s.strip()}
+    if not wanted or not all(s.isdigit() for s in wanted):
+        raise UserError(f"--seeds {seeds} is not valid (valid: seeds separated by commas, e.g. 0,1,2)")
+    kept = [r for r in runs if r.data.tags.get("rlx.seed") in wanted]
+    if not kept:
+        found = sorted({r.data.tags.get("rlx.seed", "?") for r in runs})
+        raise UserError(f"--seeds {seeds}: no FINISHED run has these seeds (seeds found: {', '.join(found)})")
+    return kept
+
+
 def group_arms(runs: list) -> list[Arm]:
     """Arms by overrides minus the seed, in the order they started; labels name what differs between them."""
     arms: dict[str, Arm] = {}
@@ -179,6 +193,7 @@ def report_command(
     extra_metrics: str | None = None,
     with_stats: bool = False,
     minimize: bool = False,
+    seeds: str | None = None,
 ) -> str:
     """``rlx report``: returns the formatted table (and writes it to ``out``, the curves to ``plots``)."""
     from rlx_cli import report_format
@@ -190,7 +205,7 @@ def report_command(
     if k < 1:
         raise UserError(f"--k {k} is not valid (valid: 1 or more)")
     extras = [m.strip() for m in (extra_metrics or "").split(",") if m.strip()]
-    runs = load_runs(experiment, study)
+    runs = only_seeds(load_runs(experiment, study), seeds)
     known = sorted({m for r in runs for m in r.data.metrics})
     for name in [metric, *extras]:
         if name not in known:

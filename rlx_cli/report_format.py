@@ -24,18 +24,21 @@ class Context:
     minimize: bool = False
 
 
-def num(x: float) -> str:
+def num(x: float, scale: float | None = None) -> str:
+    """3 decimals, or 3 significant figures below 0.001 and from 1000 on. ``scale``: the size of the column's
+    means, which sets the format of a std, a Δ or a CI bound (a Δ of 0.0006 on accuracies prints 0.001)."""
     if x is None or math.isnan(x):
         return DASH
-    return f"{x:.3g}" if x != 0 and (abs(x) >= 1000 or abs(x) < 0.001) else f"{x:.3f}"
+    size = abs(x) if scale is None or math.isnan(scale) else scale
+    return f"{x:.3g}" if size != 0 and (size >= 1000 or size < 0.001) else f"{x:.3f}"
 
 
-def mean_std(mean: float, std: float) -> str:
-    return f"{num(mean)} ± {num(std)}"
+def mean_std(mean: float, std: float, scale: float | None = None) -> str:
+    return f"{num(mean, scale)} ± {num(std, scale)}"
 
 
-def signed(x: float) -> str:
-    return DASH if math.isnan(x) else ("+" if x >= 0 else "") + num(x)
+def signed(x: float, scale: float | None = None) -> str:
+    return DASH if math.isnan(x) else ("+" if x >= 0 else "") + num(x, scale)
 
 
 def p_value(p: float) -> str:
@@ -50,13 +53,15 @@ def cells(table: pd.DataFrame, ctx: Context) -> tuple[list[str], list[list[str]]
         headers += ["p (Welch)", "95% CI of Δ (Welch)"]
     headers += ctx.extras
     rows = []
+    scale = table["mean"].abs().max()
+    extra_scales = {m: table[f"{m} mean"].abs().max() for m in ctx.extras}
     for i, row in table.iterrows():
-        delta = "baseline" if i == 0 else signed(row["delta"])
-        line = [row["arm"], mean_std(row["mean"], row["std"]), str(row["n"]), delta]
+        delta = "baseline" if i == 0 else signed(row["delta"], scale)
+        line = [row["arm"], mean_std(row["mean"], row["std"], scale), str(row["n"]), delta]
         if has_stats:
-            ci = DASH if math.isnan(row["ci_low"]) else f"[{signed(row['ci_low'])}, {signed(row['ci_high'])}]"
-            line += [p_value(row["p_value"]), ci]
-        line += [mean_std(row[f"{m} mean"], row[f"{m} std"]) for m in ctx.extras]
+            low, high = signed(row["ci_low"], scale), signed(row["ci_high"], scale)
+            line += [p_value(row["p_value"]), DASH if math.isnan(row["ci_low"]) else f"[{low}, {high}]"]
+        line += [mean_std(row[f"{m} mean"], row[f"{m} std"], extra_scales[m]) for m in ctx.extras]
         rows.append(line)
     means = table["mean"].dropna()
     best = [] if means.empty else list(table.index[table["mean"] == (means.min() if ctx.minimize else means.max())])

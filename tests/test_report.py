@@ -109,6 +109,16 @@ def test_reduce_modes(store, how, expected):
     assert table["eval/accuracy_mean"].iloc[0] == pytest.approx(expected)
 
 
+def test_seeds_keeps_only_those_seeds_in_every_arm(store):
+    table = pd.read_csv(io.StringIO(report_command(experiment="ablation", fmt="csv", seeds="0,1")))
+    assert list(table["n"]) == [2, 2, 1]
+    assert table["eval/accuracy_mean"].tolist() == pytest.approx([0.55, 0.45, 0.3])  # full: seeds 0 and 1 only
+    with pytest.raises(UserError, match=r"--seeds 7: no FINISHED run has these seeds \(seeds found: 0, 1, 2\)"):
+        report_command(experiment="ablation", seeds="7")
+    with pytest.raises(UserError, match="--seeds a,b is not valid"):
+        report_command(experiment="ablation", seeds="a,b")
+
+
 def test_reduce_of_one_history():
     points = [(0, 0.1), (10, 0.9), (20, 0.5)]
     assert reduce(points, "last", 3) == 0.5 and reduce(points, "max", 3) == 0.9
@@ -222,3 +232,14 @@ def test_sweep_then_report_acceptance_1(workdir):
     again = rlx("sweep", *args, "--jobs", "2", "--study", "acc1", cwd=workdir)
     assert again.returncode == 0 and "0 finished, 0 failed, 4 skipped" in again.stdout, again.stdout
     assert len(mlflow_runs(workdir)) == 5
+
+
+def test_a_delta_prints_at_its_columns_precision():
+    from rlx_cli.report_format import mean_std, num, signed
+
+    assert signed(-0.000587, 0.75) == "-0.001"  # a Δ of accuracies: 3 decimals like the accuracies
+    assert signed(0.0009, 0.75) == "+0.001"
+    assert mean_std(0.742, 0.000833, 0.742) == "0.742 ± 0.001"
+    assert num(0.000833) == "0.000833"  # on its own: 3 significant figures below 0.001
+    assert num(2e-6, 1e-5) == "2e-06"  # a column of small values (learning rates) keeps its figures
+    assert num(12345.0, 12345.0) == "1.23e+04"
