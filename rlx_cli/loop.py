@@ -63,7 +63,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             #    it: its own log-probs, detached, are the old ones (as TRL does), and a forward is saved.
             with torch.no_grad(), evaluating(policy):
                 old_logp = (
-                    None if reuses_update_logp(cfg, kl) else response_logp(policy, batch, rollout_cfg.temperature)[0]
+                    None if reuses_update_logp(cfg, kl) else response_logp(policy, own, rollout_cfg.temperature)[0]
                 )
                 with models.reference_context():
                     ref_logp, _ = response_logp(models.reference_model, own, rollout_cfg.temperature)
