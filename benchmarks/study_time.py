@@ -48,7 +48,7 @@ def main() -> None:
     if args.dry_run:
         shutil.rmtree(workdir, ignore_errors=True)
         raise SystemExit(code)
-    points = len(list((workdir / "outputs").glob("sweeps/*/*/*"))) if (workdir / "outputs").exists() else None
+    points = sum(p.is_dir() for p in (workdir / "outputs").glob("sweeps/*/*/*"))  # a folder per point, beside logs
     result = {
         "command": ["rlx", *argv[1:]],
         "exit_code": code,
