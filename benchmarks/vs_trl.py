@@ -54,9 +54,9 @@ LR = {"full": 1e-5, "lora": 3e-4}  # rlx model=tiny's rates
 def make_model_dir(size: str, new_tokens: int, root: Path) -> Path:
     """A saved model + tokenizer whose generation config forces exactly ``new_tokens`` new tokens."""
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaForCausalLM
 
-    from rlx_cli.base_model import VOCAB_SIZE, char_tokenizer
+    from rlx_cli.base_model import char_llama_config, char_tokenizer
 
     target = root / f"{size}-{new_tokens}"
     if (target / "config.json").exists():
@@ -67,16 +67,7 @@ def make_model_dir(size: str, new_tokens: int, root: Path) -> Path:
     else:
         tok = char_tokenizer()
         torch.manual_seed(0)
-        config = LlamaConfig(
-            **SIZES[size],
-            vocab_size=VOCAB_SIZE,
-            tie_word_embeddings=True,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-            max_position_embeddings=128,
-        )
-        model = LlamaForCausalLM(config)  # random weights: only the cost is measured
+        model = LlamaForCausalLM(char_llama_config(SIZES[size]))  # random weights: only the cost is measured
         model.save_pretrained(target, safe_serialization=True)
         tok.save_pretrained(target)
     gen = GenerationConfig.from_model_config(model.config)

@@ -67,21 +67,30 @@ def ensure_base_model(model_cfg: DictConfig, task_cfg: DictConfig, task, progres
     return target
 
 
+def char_llama_config(arch: dict, *, tie: bool = True, max_positions: int = 128):
+    """A ``LlamaConfig`` with ``arch``'s fields (hidden size, layers, ...) for the character tokenizer: its
+    vocabulary size and special token ids."""
+    from transformers import LlamaConfig
+
+    tokenizer = char_tokenizer()
+    return LlamaConfig(
+        **arch,
+        vocab_size=VOCAB_SIZE,
+        tie_word_embeddings=tie,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        max_position_embeddings=max_positions,
+    )
+
+
 def _train_and_save(model_cfg, task_cfg, task, target: Path, progress, device) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     sft = model_cfg.sft
     tokenizer = char_tokenizer()
     torch.manual_seed(sft.seed)
-    config = LlamaConfig(
-        **OmegaConf.to_container(model_cfg.arch),
-        vocab_size=VOCAB_SIZE,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        max_position_embeddings=128,
-    )
+    config = char_llama_config(OmegaConf.to_container(model_cfg.arch))
     model = LlamaForCausalLM(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, betas=(0.9, 0.98), weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _warmup_cosine(s, sft.warmup_steps, sft.steps))

@@ -44,24 +44,12 @@ def rlx(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None) ->
 def save_tiny_llama(path: Path, *, layers: int, heads: int, head_dim: int, tie: bool = False) -> Path:
     """A random tiny Llama (hidden 32) with the character tokenizer, saved at ``path`` like a user's checkpoint."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    from rlx_cli.base_model import VOCAB_SIZE, char_tokenizer
+    from rlx_cli.base_model import char_llama_config, char_tokenizer
 
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=heads,
-        head_dim=head_dim,
-        vocab_size=VOCAB_SIZE,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=tie,
-    )
+    arch = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=heads)
+    config = char_llama_config({**arch, "num_key_value_heads": heads, "head_dim": head_dim}, tie=tie, max_positions=64)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(path)
     char_tokenizer().save_pretrained(path)
