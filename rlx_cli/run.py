@@ -110,7 +110,7 @@ def exit_on_stop():
 def ending(tracker, output_dir: Path):
     """End the tracked run FINISHED; KILLED on a signal; FAILED on anything else (a divergence exits 1)."""
     from rlx_cli import checkpoint
-    from rlx_cli.loop import Diverged
+    from rlx_cli.guard import Diverged
 
     try:
         yield
