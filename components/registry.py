@@ -21,7 +21,7 @@ _CHOICES: dict[tuple[str, str], dict[str, tuple]] = {}
 WIRING_KEYS: dict[str, frozenset[str]] = {
     "advantage": frozenset({"whiten", "clip"}),  # PPO-max: whiten over the batch, then clip to ±clip
     "lam_schedule": frozenset({"critic_lam"}),  # λ of the value targets; null = the policy's λ
-    "kl": frozenset({"coef", "placement"}),  # β, and "reward" (per token) or "loss"
+    "kl": frozenset({"coef", "placement", "measure_every"}),  # β, "reward" (per token) or "loss"; train/kl cadence
     "lm_loss": frozenset({"coef"}),  # μ in L = L_policy + μ·L_lm
     "policy_loss": frozenset({"entropy_coef"}),  # entropy bonus: L -= entropy_coef · H
     "value_loss": frozenset({"coef"}),

@@ -57,12 +57,15 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
 
             # 3. old and reference log-probs, values. One update on the whole batch sees the policy that sampled
             #    it: its own log-probs, detached, are the old ones (as TRL does), and a forward is saved.
+            #    KL outside the objective: the reference forward only every kl.measure_every steps, for train/kl.
             with torch.no_grad(), evaluating(policy):
                 old_logp = (
                     None if reuses_update_logp(cfg, kl) else response_logp(policy, own, rollout_cfg.temperature)[0]
                 )
-                with models.reference_context():
-                    ref_logp, _ = response_logp(models.reference_model, own, rollout_cfg.temperature)
+                ref_logp = None
+                if measures_kl(kl, step, trainer.steps):
+                    with models.reference_context():
+                        ref_logp, _ = response_logp(models.reference_model, own, rollout_cfg.temperature)
                 values = critic(own) if critic is not None else None
             old_logp, ref_logp, values = (distributed.gather(x) for x in (old_logp, ref_logp, values))
 
@@ -149,6 +152,13 @@ def kl_in_reward(kl) -> bool:
     return kl.wiring["placement"] == "reward" and kl.wiring["coef"] > 0
 
 
+def measures_kl(kl, step: int, last_step: int) -> bool:
+    """Whether step ``step`` runs the reference forward: every step when KL is in the objective (``kl.coef`` > 0);
+    else, when it only feeds the ``train/kl`` metric, every ``kl.measure_every`` steps and the last."""
+    every = kl.wiring.get("measure_every", 1)
+    return kl.wiring["coef"] > 0 or step % every == 0 or step == last_step
+
+
 def gpu_memory(device: torch.device) -> dict[str, float]:
     """``perf/gpu_peak_gib``: the most GPU memory this process has allocated so far (none on the CPU)."""
     if device.type != "cuda":
@@ -157,9 +167,12 @@ def gpu_memory(device: torch.device) -> dict[str, float]:
 
 
 def logp_metrics(old_logp, ref_logp, sampler_logp, mask) -> dict[str, float]:
-    """``train/kl`` (k3 estimate to the reference) and, when the sampler is an engine of its own (vLLM),
-    ``rollout/logp_gap``: mean |sampler log-prob − trainer log-prob| over response tokens. Tensors ``[B, T]``."""
-    metrics = {"train/kl": float(masked_mean(kl_estimate(old_logp, ref_logp, kind="k3"), mask))}
+    """``train/kl`` (k3 estimate to the reference; none on a step without ``ref_logp``) and, when the sampler is
+    an engine of its own (vLLM), ``rollout/logp_gap``: mean |sampler log-prob − trainer log-prob| over response
+    tokens. Tensors ``[B, T]``."""
+    metrics = {}
+    if ref_logp is not None:
+        metrics["train/kl"] = float(masked_mean(kl_estimate(old_logp, ref_logp, kind="k3"), mask))
     if sampler_logp is not None:
         metrics["rollout/logp_gap"] = float(masked_mean((old_logp - sampler_logp).abs(), mask))
     return metrics
@@ -259,7 +272,7 @@ def update_step(
                 "old_logp": logp.detach() if old_logp is None else old_logp[rows],
                 "advantages": advantages[rows],
                 "mask": mask,
-                "ref_logp": ref_logp[rows],
+                "ref_logp": None if ref_logp is None else ref_logp[rows],
                 "positive": positive[rows],
             }
             pg_loss, pg_metrics = pl(tensors, agg=agg_mode)
@@ -288,7 +301,7 @@ def update_step(
                 **{f"train/{k}": float(v) for k, v in pg_metrics.items()},
             }
             if old_logp is None:  # this forward's log-probs are the sampling policy's
-                step_metrics.update(logp_metrics(logp.detach(), ref_logp[rows], mb.sampler_logp, mask))
+                step_metrics.update(logp_metrics(logp.detach(), tensors["ref_logp"], mb.sampler_logp, mask))
             if critic is not None:
                 value_metrics, value_stepped = value_update(
                     cfg, parts, mb, old_values[rows], returns[rows], mask, agg_mode, share

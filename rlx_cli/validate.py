@@ -54,6 +54,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "launcher.nproc_per_node": (int, 1, 1024),
     "kl.placement": (str, ("reward", "loss")),
     "kl.coef": (float, 0.0, INF),
+    "kl.measure_every": (int, 1, 10_000_000),
     "lm_loss.coef": (float, 0.0, INF),
     "policy_loss.entropy_coef": (float, 0.0, INF),
     "value_loss.coef": (float, 0.0, INF),

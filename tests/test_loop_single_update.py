@@ -59,3 +59,43 @@ def test_single_update_without_the_old_forward_learns_the_same(tmp_path, monkeyp
     a, b = (load_file(tmp_path / n / "final" / "model.safetensors") for n in ("fast", "slow"))
     assert a.keys() == b.keys()
     assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-6) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "measured"),
+    [
+        (["kl.measure_every=3"], [3, 6, 7]),  # KL outside the objective: every 3rd step and the last
+        (["kl.measure_every=1"], [1, 2, 3, 4, 5, 6, 7]),
+        (["kl=estimate", "kl.coef=0.0", "kl.measure_every=4"], [4, 7]),
+        (["kl=estimate", "kl.coef=0.01", "kl.measure_every=4"], [1, 2, 3, 4, 5, 6, 7]),  # in the loss: every step
+        (["kl=estimate", "kl.coef=0.01", "kl.placement=reward", "kl.measure_every=4"], [1, 2, 3, 4, 5, 6, 7]),
+    ],
+)
+def test_which_steps_run_the_reference_forward(overrides, measured):
+    kl = components_of(compose(["algo=grpo", *overrides]))["kl"]
+    assert [step for step in range(1, 8) if loop.measures_kl(kl, step, last_step=7)] == measured
+
+
+@pytest.mark.slow
+def test_skipping_the_reference_forward_learns_the_same(tmp_path, monkeypatch):
+    """kl=none: a reference forward only at the last step changes neither the weights nor the final train/kl."""
+    from rlx_cli.run import train_command
+
+    monkeypatch.chdir(tmp_path)
+    forwards = {"1": 0, "1000": 0}
+    response_logp = loop.response_logp
+    for every in forwards:
+
+        def counting(*args, _every=every, **kwargs):
+            forwards[_every] += 1
+            return response_logp(*args, **kwargs)
+
+        monkeypatch.setattr(loop, "response_logp", counting)
+        train_command([*RUN, "algo=grpo", f"kl.measure_every={every}", f"trainer.output_dir=every{every}"])
+
+    steps = OmegaConf.from_dotlist(SHORT).trainer.steps
+    assert forwards["1"] - forwards["1000"] == steps - 1  # the last step still measures train/kl
+    a, b = (json.loads((tmp_path / f"every{n}" / "metrics.json").read_text()) for n in forwards)
+    assert a["train/kl"] == pytest.approx(b["train/kl"], rel=1e-5, abs=1e-7)
+    a, b = (load_file(tmp_path / f"every{n}" / "final" / "model.safetensors") for n in forwards)
+    assert all(torch.equal(a[k], b[k]) for k in a)
