@@ -6,8 +6,9 @@
 The identical work, per step: 16 sums prompts x 8 samples, exactly ``--new-tokens`` new tokens (EOS is
 suppressed until then: ``min_new_tokens`` in the model directory's generation_config.json, which rlx's HF
 ``generate`` reads, and in TRL's ``generation_kwargs``), temperature 1, top-p 1, no top-k; the same saved model
-and tokenizer; the sums verifier as the reward; no KL (TRL ``beta=0``; rlx ``algo=grpo`` has ``kl=none``); one
-AdamW step (lr, betas 0.9/0.98, no weight decay, grad clip 1) on all 128 completions (rlx
+and tokenizer; the sums verifier as the reward; no KL (TRL ``beta=0``; rlx ``algo=grpo`` has ``kl=none``, whose
+reference forward runs only every ``kl.measure_every`` steps, for the ``train/kl`` metric); one AdamW step
+(lr, betas 0.9/0.98, no weight decay, grad clip 1) on all 128 completions (rlx
 ``trainer.minibatches=1``; TRL ``per_device_train_batch_size=128``, one iteration); float32, no gradient
 checkpointing, one thread each. A step is the wall time from one step's start to the next one's (logging
 included), medians over ``--steps`` steps after ``--warmup``; each round runs rlx and TRL back to back, the
