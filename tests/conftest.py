@@ -48,8 +48,15 @@ def save_tiny_llama(path: Path, *, layers: int, heads: int, head_dim: int, tie: 
 
     from rlx_cli.base_model import char_llama_config, char_tokenizer
 
-    arch = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=heads)
-    config = char_llama_config({**arch, "num_key_value_heads": heads, "head_dim": head_dim}, tie=tie, max_positions=64)
+    arch = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        head_dim=head_dim,
+    )
+    config = char_llama_config(arch, tie=tie, max_positions=64)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(path)
     char_tokenizer().save_pretrained(path)

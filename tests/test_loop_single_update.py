@@ -14,6 +14,7 @@ from rlx_cli import loop
 from rlx_cli.build import components_of
 from rlx_cli.compose import compose
 
+RESPONSE_LOGP = loop.response_logp
 RUN = [*SHORT, "rollout.group_size=4", "trainer.minibatches=1", "trainer.ckpt_every=0", "tracking=none"]
 
 
@@ -33,23 +34,28 @@ def test_when_the_update_supplies_the_old_log_probs(overrides, expected):
     assert loop.reuses_update_logp(cfg, components_of(cfg)["kl"]) is expected
 
 
-@pytest.mark.slow
-def test_single_update_without_the_old_forward_learns_the_same(tmp_path, monkeypatch):
+def train_counting_forwards(monkeypatch, overrides: list[str]) -> int:
+    """``rlx train algo=grpo`` (short, one minibatch) with ``overrides``; -> how many ``response_logp`` calls."""
     from rlx_cli.run import train_command
 
+    calls = 0
+
+    def counting(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        return RESPONSE_LOGP(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "response_logp", counting)
+    train_command([*RUN, "algo=grpo", *overrides])
+    return calls
+
+
+@pytest.mark.slow
+def test_single_update_without_the_old_forward_learns_the_same(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    forwards = {"fast": 0, "slow": 0}
-    response_logp = loop.response_logp
-    for name in ("fast", "slow"):
-
-        def counting(*args, _name=name, **kwargs):
-            forwards[_name] += 1
-            return response_logp(*args, **kwargs)
-
-        monkeypatch.setattr(loop, "response_logp", counting)
-        if name == "slow":  # the old path: a separate no-grad forward for the old log-probs
-            monkeypatch.setattr(loop, "reuses_update_logp", lambda cfg, kl: False)
-        train_command([*RUN, "algo=grpo", f"trainer.output_dir={name}"])
+    forwards = {"fast": train_counting_forwards(monkeypatch, ["trainer.output_dir=fast"])}
+    monkeypatch.setattr(loop, "reuses_update_logp", lambda cfg, kl: False)  # the old path: a separate old forward
+    forwards["slow"] = train_counting_forwards(monkeypatch, ["trainer.output_dir=slow"])
 
     steps = OmegaConf.from_dotlist(SHORT).trainer.steps
     assert forwards["slow"] - forwards["fast"] == steps  # one forward fewer per step
@@ -79,19 +85,11 @@ def test_which_steps_run_the_reference_forward(overrides, measured):
 @pytest.mark.slow
 def test_skipping_the_reference_forward_learns_the_same(tmp_path, monkeypatch):
     """kl=none: a reference forward only at the last step changes neither the weights nor the final train/kl."""
-    from rlx_cli.run import train_command
-
     monkeypatch.chdir(tmp_path)
-    forwards = {"1": 0, "1000": 0}
-    response_logp = loop.response_logp
-    for every in forwards:
-
-        def counting(*args, _every=every, **kwargs):
-            forwards[_every] += 1
-            return response_logp(*args, **kwargs)
-
-        monkeypatch.setattr(loop, "response_logp", counting)
-        train_command([*RUN, "algo=grpo", f"kl.measure_every={every}", f"trainer.output_dir=every{every}"])
+    forwards = {
+        every: train_counting_forwards(monkeypatch, [f"kl.measure_every={every}", f"trainer.output_dir=every{every}"])
+        for every in ("1", "1000")
+    }
 
     steps = OmegaConf.from_dotlist(SHORT).trainer.steps
     assert forwards["1"] - forwards["1000"] == steps - 1  # the last step still measures train/kl
