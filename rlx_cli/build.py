@@ -11,9 +11,13 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from rlx_cli import distributed
+from rlx_cli.engine import Engine, map_large_allocations
 from rlx_cli.errors import UserError
 from rlx_cli.models import Models, build_models, pick_device
+from rlx_cli.precision import resolve
 from rlx_cli.rollout import HFSampler
+from rlx_cli.sharding import make_optimizer
 from rlx_cli.tasks import build_task
 
 
@@ -45,6 +49,7 @@ class Parts:
     policy_optimizer: torch.optim.Optimizer
     policy_schedule: torch.optim.lr_scheduler.LRScheduler
     critic_optimizer: torch.optim.Optimizer | None
+    engine: Engine  # micro-batched forwards, sampling and the update's mechanics (rlx_cli/engine.py)
 
 
 def components_of(cfg: DictConfig) -> dict[str, Component]:
@@ -61,6 +66,7 @@ def build(cfg: DictConfig, progress) -> Parts:
 
     from rlx_cli.base_model import ensure_base_model
 
+    map_large_allocations()
     hf_logging.disable_progress_bar()  # our own bars say what is happening
     hf_logging.set_verbosity_error()
     if cfg.trainer.threads:
@@ -72,35 +78,43 @@ def build(cfg: DictConfig, progress) -> Parts:
             f"for task={cfg.task.name} use model=hf model.path=DIR"
         )
     device = pick_device(cfg.trainer.device)
+    precision = resolve(cfg.trainer.precision, device)
     path = Path(cfg.model.path) if cfg.model.path else ensure_base_model(cfg.model, cfg.task, task, progress, device)
     components = components_of(cfg)
     needs_critic = components["advantage"].takes("values")
     torch.manual_seed(cfg.seed)
-    models = build_models(path, cfg.model, needs_critic=needs_critic, critic_cfg=cfg.critic, device=device)
+    models = build_models(
+        path, cfg.model, needs_critic=needs_critic, critic_cfg=cfg.critic, device=device, precision=precision
+    )
+    distributed.broadcast_weights(models.policy, models.critic)  # every process starts from rank 0's weights
+    engine = Engine(models, micro_batch_tokens=cfg.trainer.micro_batch_tokens, strategy=cfg.trainer.strategy)
+    strategy = engine.strategy
     policy_params = [p for n, p in models.policy.named_parameters() if p.requires_grad and ".critic." not in n]
-    policy_optimizer = adamw(policy_params, cfg.trainer.lr, cfg.trainer)
+    policy_optimizer = make_optimizer(policy_params, cfg.trainer.lr, cfg.trainer, strategy)  # after sharding
     warmup = max(1, cfg.trainer.warmup_steps)
     schedule = torch.optim.lr_scheduler.LambdaLR(policy_optimizer, lambda s: min(1.0, (s + 1) / warmup))
     critic_optimizer = None
     if models.critic is not None:
-        critic_optimizer = adamw(models.critic.trainable_parameters(), cfg.critic.lr, cfg.trainer)
+        critic_optimizer = make_optimizer(models.critic.trainable_parameters(), cfg.critic.lr, cfg.trainer, strategy)
     sampler = SAMPLERS[cfg.rollout.name](cfg, models, path)
-    return Parts(models, task, sampler, components, policy_optimizer, schedule, critic_optimizer)
+    return Parts(models, task, sampler, components, policy_optimizer, schedule, critic_optimizer, engine)
 
 
 def hf_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
-    return HFSampler(models.tokenizer, top_p=cfg.rollout.top_p, chat_template=cfg.task.get("chat_template", False))
+    rollout = cfg.rollout
+    chat_template = cfg.task.get("chat_template", False)
+    return HFSampler(models.tokenizer, top_p=rollout.top_p, chat_template=chat_template, rows=rollout.generate_rows)
 
 
 def vllm_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
+    from rlx_cli.precision import frozen_dtype
     from rlx_cli.vllm_rollout import VLLMSampler  # vllm is an extra: imported only when asked for
 
     chat_template = cfg.task.get("chat_template", False)
-    return VLLMSampler(path, models.tokenizer, cfg.rollout, cfg.model, chat_template=chat_template, seed=cfg.seed)
+    dtype = frozen_dtype(resolve(cfg.trainer.precision, models.device), cfg.model.dtype)
+    return VLLMSampler(
+        path, models.tokenizer, cfg.rollout, cfg.model, chat_template=chat_template, seed=cfg.seed, dtype=dtype
+    )
 
 
 SAMPLERS = {"hf": hf_sampler, "vllm": vllm_sampler}  # rollout.name -> the sampler's builder
-
-
-def adamw(params, lr: float, trainer: DictConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(list(params), lr=lr, betas=tuple(trainer.betas), weight_decay=trainer.weight_decay)

@@ -27,6 +27,7 @@ from omegaconf import DictConfig
 
 from rlx_cli import distributed
 from rlx_cli.errors import UserError
+from rlx_cli.sharding import full_optimizer_state, full_tensors, load_optimizer_state, load_tensors
 
 if TYPE_CHECKING:
     from rlx_cli.build import Parts
@@ -49,25 +50,31 @@ class TrainState:
 def save(output_dir: str | Path, parts: Parts, state: TrainState, keep: int) -> Path:
     """Write ``checkpoints/step-<state.step>`` atomically; delete all but the newest ``keep``; -> its path.
 
-    With N processes rank 0 writes it (the replicas hold the same weights and optimizer states; the RNG state
-    is rank 0's) and every process returns its path.
+    With N processes every process calls it (sharded weights and optimizer states are gathered whole:
+    ``sharding.full_tensors``), rank 0 writes it (the RNG state is rank 0's) and every process returns its path.
     """
     from safetensors.torch import save_file
 
     root = Path(output_dir) / CHECKPOINTS
     target = root / f"step-{state.step:06d}"
+    critic = parts.models.critic
+    policy_weights = full_tensors(trainable(parts.models.policy))
+    critic_weights = full_tensors(critic.state_dict()) if critic is not None else None
+    optimizers = {
+        "policy_optimizer": full_optimizer_state(parts.policy_optimizer),
+        "critic_optimizer": full_optimizer_state(parts.critic_optimizer) if parts.critic_optimizer else None,
+    }
     if not distributed.is_main():
         return target
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
-    save_file(tensors_of(trainable(parts.models.policy)), str(tmp / "policy.safetensors"))
-    if parts.models.critic is not None:
-        save_file(tensors_of(parts.models.critic.state_dict()), str(tmp / "critic.safetensors"))
+    save_file(policy_weights, str(tmp / "policy.safetensors"))
+    if critic_weights is not None:
+        save_file(critic_weights, str(tmp / "critic.safetensors"))
     full_state = {
         **dataclasses.asdict(state),
-        "policy_optimizer": parts.policy_optimizer.state_dict(),
+        **optimizers,
         "policy_schedule": parts.policy_schedule.state_dict(),
-        "critic_optimizer": parts.critic_optimizer.state_dict() if parts.critic_optimizer else None,
         "rng": rng_states(),
     }
     tensors: dict[str, torch.Tensor] = {}
@@ -130,16 +137,16 @@ def load(path: Path, parts: Parts) -> TrainState:
         restore(trainable(models.policy), load_file(reading), "policy")
         if models.critic is not None:
             reading = path / "critic.safetensors"
-            models.critic.load_state_dict(load_file(reading))
+            restore(models.critic.state_dict(keep_vars=True), load_file(reading), "critic")
         reading = path / "state.json"
         skeleton = json.loads(reading.read_text())
         reading = path / "state.safetensors"
         state = unpack(skeleton, load_file(reading))
-        parts.policy_optimizer.load_state_dict(state.pop("policy_optimizer"))
+        load_optimizer_state(parts.policy_optimizer, state.pop("policy_optimizer"))
         parts.policy_schedule.load_state_dict(state.pop("policy_schedule"))
         critic_optimizer = state.pop("critic_optimizer")
         if parts.critic_optimizer is not None:
-            parts.critic_optimizer.load_state_dict(critic_optimizer)
+            load_optimizer_state(parts.critic_optimizer, critic_optimizer)
         set_rng_states(state.pop("rng"))
         return TrainState(**state)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as error:
@@ -154,16 +161,10 @@ def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
-def tensors_of(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {name: t.detach().cpu().contiguous() for name, t in state.items()}
-
-
-def restore(params: dict[str, torch.nn.Parameter], saved: dict[str, torch.Tensor], what: str) -> None:
+def restore(params: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], what: str) -> None:
     if params.keys() != saved.keys():
         raise ValueError(f"its {what} parameters are not this config's")
-    with torch.no_grad():
-        for name, p in params.items():
-            p.copy_(saved[name])
+    load_tensors(params, saved)
 
 
 def rng_states() -> dict[str, Any]:

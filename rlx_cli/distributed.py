@@ -3,8 +3,9 @@
 One process is the reference: N processes compute the same update from the same global batch (to float
 rounding), each doing 1/N of the sampling and of the forward and backward passes.
 
-1. Every process holds a whole replica of the policy, reference and critic (DDP's layout); rank 0's
-   trainable weights are broadcast once, and ranks > 0 sample from their own random streams.
+1. Every process starts from rank 0's weights (broadcast once); ranks > 0 sample from their own random streams,
+   seeded each step. ``trainer.strategy`` decides what each process holds (``sharding.py``): whole replicas
+   (``ddp``), replicas with sharded AdamW states (``zero1``), or FSDP2 shards (``fsdp``).
 2. Sampling: each process samples a contiguous block of the step's prompts, whole groups (a group baseline
    needs its whole group), and scores them. ``gather_samples`` all-gathers the rollouts in rank order into
    the batch one process would have sampled for those prompts: same rows, order and padding.
@@ -12,13 +13,13 @@ rounding), each doing 1/N of the sampling and of the forward and backward passes
 4. Token rewards, λ, advantages, whitening, reward shaping: the one-process code on the whole batch, on
    every process (elementwise work, cheap), so batch statistics are global without any special care.
 5. The update: one minibatch permutation, rank 0's, broadcast; each minibatch is cut into N contiguous
-   slices, one per process. ``loss_agg`` divides a sum over the minibatch by a count D (tokens, rows or
-   B·T); a process's loss on its slice is divided by its own D_r, so it is scaled by ``share`` = D_r / ΣD.
-   The scaled losses add up to the minibatch's loss, and ``sum_gradients`` (all-reduce, sum) before
-   clipping gives every process the one-process gradient. (DDP averages gradients instead; there each loss
-   is scaled by N·D_r / ΣD, the usual normalisation by the global token count.)
-   Value pretraining takes no gathering: each process updates on its own samples, weighted the same way
-   (``seq_mean_token_sum_norm`` then counts each process's own width T).
+   slices, one per process, and each slice into micro-batches (``rlx_cli/update.py``). ``loss_agg`` divides a
+   sum over the minibatch by a count D (tokens, rows or B·T); each micro-batch's loss, divided by its own D_m,
+   is scaled by D_m / ΣD (ΣD over the whole minibatch of every process). The scaled losses add up to the
+   minibatch's loss, and ``sum_gradients`` (all-reduce, sum) before clipping gives every process the
+   one-process gradient. (DDP averages gradients instead; there each loss is scaled by N·D_r / ΣD, the usual
+   normalisation by the global token count.) Value pretraining takes no gathering: each process updates on
+   its own samples, weighted the same way (``seq_mean_token_sum_norm`` then counts each process's own width T).
 6. The NaN guard and stop signals are agreed on (``all_true``, ``first_signal``): every process steps,
    skips or stops together. Metrics are share-weighted sums over processes (exact for the losses, a
    weighted mean for fractions and ratios); evaluation prompts are sharded and the correct answers summed.
@@ -28,8 +29,7 @@ Why not the ``DistributedDataParallel`` wrapper: the policy is also the sampler 
 reference (LoRA adapters disabled) and, with LoRA, the base of the critic's adapter, whose forward does not
 go through the policy's ``forward``; one explicit all-reduce of each optimizer's gradients covers all of
 them the same way (DDP would also overlap it with the backward pass, which matters little at this size).
-Not FSDP2: sharded weights are gathered in every forward, so ``generate`` would have to run in lock-step
-on all processes; every replica here samples on its own.
+FSDP2 needs no lock-step sampling either: ``sharding.gathered`` unshards the policy once before ``generate``.
 
 The backend is gloo on the CPU; with CUDA, NCCL for GPU tensors and gloo for the CPU ones (texts, metrics),
 each process on the GPU of its ``LOCAL_RANK``. Without ``torchrun`` (WORLD_SIZE unset or 1) every
@@ -90,7 +90,8 @@ def broadcast_weights(*modules) -> None:
 
 
 def seed_sampling(seed: int, step: int) -> None:
-    """Ranks > 0 sample from a stream of their own, a function of (seed, rank, step); rank 0 keeps its stream."""
+    """Ranks > 0 sample each step from a stream of their own, a function of (seed, rank, step), so that a resumed
+    run draws what the uninterrupted one drew; rank 0 keeps its stream (a checkpoint holds its state)."""
     if rank() > 0:
         torch.manual_seed(hash((seed, rank(), step)) % 2**63)
 
@@ -166,20 +167,10 @@ def minibatch_rows(count: int, minibatches: int) -> list[Tensor]:
     return [c.tensor_split(size())[rank()] for c in chunks]
 
 
-def share(denominator: Tensor) -> float:
-    """This process's part D_r / ΣD of a loss normaliser summed over processes (1/N if ΣD = 0; 1.0 alone)."""
-    if size() == 1:
-        return 1.0
-    total = denominator.detach().double().clone()
-    dist.all_reduce(total)
-    return float(denominator) / float(total) if total > 0 else 1.0 / size()
-
-
-def sum_gradients(optimizer: torch.optim.Optimizer, bucket_elements: int = 2**24) -> None:
-    """All-reduce (sum) the gradients of ``optimizer``'s parameters in flat buckets; a missing one counts as 0."""
+def sum_gradients(params: list[Tensor], scale: float = 1.0, bucket_elements: int = 2**24) -> None:
+    """All-reduce (sum) the gradients of ``params`` in flat buckets, times ``scale``; a missing one counts as 0."""
     if size() == 1:
         return
-    params = [p for group in optimizer.param_groups for p in group["params"]]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -191,7 +182,7 @@ def sum_gradients(optimizer: torch.optim.Optimizer, bucket_elements: int = 2**24
             flat = torch.cat([q.grad.flatten() for q in bucket])
             dist.all_reduce(flat)
             for q, g in zip(bucket, flat.split([q.numel() for q in bucket])):
-                q.grad.copy_(g.view_as(q))
+                q.grad.copy_(g.view_as(q) * scale)
             bucket, elements = [], 0
 
 
@@ -222,10 +213,31 @@ def total(x: float) -> float:
     return float(value)
 
 
+def largest(x: int) -> int:
+    """The largest ``x`` over processes."""
+    if size() == 1:
+        return x
+    value = torch.tensor(x)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value)
+
+
+def sum_rows(x: Tensor) -> Tensor:
+    """Σ over processes of ``x`` (each process's rows filled, the others' 0: the whole tensor on every process)."""
+    if size() == 1:
+        return x
+    x = x.clone()
+    dist.all_reduce(x)
+    return x
+
+
 def combine(metrics: dict[str, float]) -> dict[str, float]:
-    """Σ over processes of each metric (each process's value already weighted by its ``share``)."""
+    """Σ over processes of each metric (each process's value already weighted by its ``share``); the largest
+    value of a ``*_max`` metric."""
     if size() == 1:
         return metrics
     values = torch.tensor(list(metrics.values()), dtype=torch.float64)
+    maxima = values.clone()
     dist.all_reduce(values)
-    return dict(zip(metrics, values.tolist()))
+    dist.all_reduce(maxima, op=dist.ReduceOp.MAX)
+    return {k: (m if k.endswith("_max") else v) for k, v, m in zip(metrics, values.tolist(), maxima.tolist())}

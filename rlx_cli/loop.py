@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 
 import torch
@@ -10,16 +9,14 @@ from omegaconf import DictConfig
 
 from components import advantage as adv_lib
 from components.kl import estimate as kl_estimate
-from components.lm_loss import positive_token_count
-from components.loss_agg import aggregate, denominator
 from components.masked import masked_mean
 from rlx_cli import checkpoint, distributed
 from rlx_cli.build import Parts
 from rlx_cli.checkpoint import TrainState
-from rlx_cli.guard import count_update, guarded_step, nan_injected
-from rlx_cli.models import evaluating, response_logp
+from rlx_cli.guard import count_update
 from rlx_cli.rollout import Rollout
 from rlx_cli.signals import StopRequests
+from rlx_cli.update import update_step, value_update
 
 
 def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, state: TrainState) -> dict[str, float]:
@@ -28,13 +25,14 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
     A fresh ``state`` (step 0) first pretrains the critic and evaluates; a resumed one goes on from its step.
     Called inside ``stop.deferred()``: a signal ends the step under way, writes a checkpoint and raises ``Stopped``.
     """
-    models, comp = parts.models, parts.components
+    models, comp, engine = parts.models, parts.components, parts.engine
     policy, critic = models.policy, models.critic
     rollout_cfg, trainer = cfg.rollout, cfg.trainer
     agg_mode = comp["loss_agg"].hparams["mode"]
     kl, last = comp["kl"], state.metrics
 
-    parts.sampler.sync(policy)  # an engine of its own (vLLM) starts from the policy's weights, a resumed run's too
+    with engine.sampling():  # an engine of its own (vLLM) starts from the policy's weights, a resumed run's too
+        parts.sampler.sync(policy)
     if state.step == 0:
         if critic is not None and cfg.value_pretrain.steps > 0:
             pretrain_value(cfg, parts, tracker, progress, stop, state)
@@ -55,18 +53,14 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             generated = time.perf_counter()
             shaped, state.shaping = comp["reward_shaping"]({"scores": scores, "state": state.shaping})
 
-            # 3. old and reference log-probs, values. One update on the whole batch sees the policy that sampled
-            #    it: its own log-probs, detached, are the old ones (as TRL does), and a forward is saved.
-            #    KL outside the objective: the reference forward only every kl.measure_every steps, for train/kl.
-            with torch.no_grad(), evaluating(policy):
-                old_logp = (
-                    None if reuses_update_logp(cfg, kl) else response_logp(policy, own, rollout_cfg.temperature)[0]
-                )
-                ref_logp = None
-                if measures_kl(kl, step, trainer.steps):
-                    with models.reference_context():
-                        ref_logp, _ = response_logp(models.reference_model, own, rollout_cfg.temperature)
-                values = critic(own) if critic is not None else None
+            # 3. old and reference log-probs, values, over micro-batches of this process's rows. One update on the
+            #    whole batch sees the policy that sampled it: its own log-probs, detached, are the old ones (as TRL
+            #    does), and a forward is saved. KL outside the objective: the reference forward only every
+            #    kl.measure_every steps, for train/kl.
+            temperature = rollout_cfg.temperature
+            old_logp = None if reuses_update_logp(cfg, kl) else engine.logp(own, temperature)
+            ref_logp = engine.logp(own, temperature, reference=True) if measures_kl(kl, step, trainer.steps) else None
+            values = engine.values(own) if critic is not None else None
             old_logp, ref_logp, values = (distributed.gather(x) for x in (old_logp, ref_logp, values))
 
             # 4. token rewards: the score at the last token, minus β·KL per token when KL sits in the reward
@@ -100,14 +94,16 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             # 7. minibatch epochs: policy loss (+ KL in loss, entropy bonus, LM loss); value loss.
             #    An update with a non-finite loss or gradient is skipped and counted.
             positive = scores > 0
-            update = update_step(
+            update, seen_logp = update_step(
                 cfg, parts, state, step, batch, old_logp, ref_logp, advantages, positive, values, returns, agg_mode
             )
-            if old_logp is not None:  # else update_step measured them on its own forward
-                update.update(logp_metrics(old_logp, ref_logp, batch.sampler_logp, mask))
+            if old_logp is None:  # the update's own forward measured them
+                old_logp = distributed.sum_rows(seen_logp)
+            update.update(logp_metrics(old_logp, ref_logp, batch.sampler_logp, mask))
             parts.policy_schedule.step()
             updated = time.perf_counter()
-            parts.sampler.sync(policy)  # vLLM: the new weights to the engine
+            with engine.sampling():
+                parts.sampler.sync(policy)  # vLLM: the new weights to the engine
             finished = time.perf_counter()
 
             # 8. log, evaluate
@@ -194,17 +190,19 @@ def sample_groups(cfg, parts: Parts, step: int):
     """
     rollout, task = cfg.rollout, parts.task
     size = rollout.group_size
+    distributed.seed_sampling(cfg.seed, step)
     wanted = len(distributed.shard(range(rollout.prompts_per_step)))  # N processes: each its block of the prompts
     kept_batches, kept_scores, groups, draws = [], [], 0, 0
     while groups < wanted and draws < (rollout.max_draws if rollout.dynamic_sampling else 1):
         problems = task.train_problems(rollout.prompts_per_step, seed=cfg.seed, step=step, draw=draws)
         problems = [p for p in distributed.shard(problems) for _ in range(size)]
-        batch = parts.sampler.generate(
-            parts.models.policy,
-            [p.prompt for p in problems],
-            temperature=rollout.temperature,
-            max_new_tokens=rollout.max_new_tokens,
-        )
+        with parts.engine.sampling():
+            batch = parts.sampler.generate(
+                parts.models.policy,
+                [p.prompt for p in problems],
+                temperature=rollout.temperature,
+                max_new_tokens=rollout.max_new_tokens,
+            )
         scores = torch.tensor(task.score_batch(batch.texts, problems))
         draws += 1
         keep = torch.ones(wanted, dtype=torch.bool)
@@ -235,110 +233,6 @@ def sample_groups(cfg, parts: Parts, step: int):
     )
 
 
-def update_step(
-    cfg,
-    parts: Parts,
-    state: TrainState,
-    step: int,
-    batch: Rollout,
-    old_logp,
-    ref_logp,
-    advantages,
-    positive,
-    old_values,
-    returns,
-    agg_mode: str,
-) -> dict[str, float]:
-    """``trainer.epochs`` passes of ``trainer.minibatches`` updates; -> mean train/* metrics.
-
-    An update whose loss or gradient norm is NaN/inf is skipped (``guarded_step``) and counted (``count_update``).
-    With N processes each takes its slice of every minibatch and weights its loss by its ``share`` of the
-    minibatch's normaliser; summed gradients are the one-process gradient (``rlx_cli/distributed.py``).
-    ``old_logp`` None: a single update on the whole batch, whose own detached log-probs are the old ones; it then
-    also gives ``logp_metrics`` (``train/kl``, ``rollout/logp_gap``), which the caller does otherwise.
-    """
-    comp, policy, critic = parts.components, parts.models.policy, parts.models.critic
-    kl, lm, pl = comp["kl"], comp["lm_loss"], comp["policy_loss"]
-    kl_in_loss = kl.wiring["placement"] == "loss" and kl.wiring["coef"] > 0
-    totals: dict[str, float] = {}
-    count = 0
-    for _ in range(cfg.trainer.epochs):
-        for rows in distributed.minibatch_rows(batch.responses.shape[0], cfg.trainer.minibatches):
-            mb, mask = batch.select(rows), batch.response_mask[rows]
-            share = distributed.share(denominator(mask, mode=agg_mode))
-            logp, entropy = response_logp(policy, mb, cfg.rollout.temperature, with_entropy=True)
-            tensors = {
-                "logp": logp,
-                "old_logp": logp.detach() if old_logp is None else old_logp[rows],
-                "advantages": advantages[rows],
-                "mask": mask,
-                "ref_logp": None if ref_logp is None else ref_logp[rows],
-                "positive": positive[rows],
-            }
-            pg_loss, pg_metrics = pl(tensors, agg=agg_mode)
-            entropy_mean = aggregate(entropy, mask, mode=agg_mode)
-            loss = pg_loss - pl.wiring.get("entropy_coef", 0.0) * entropy_mean
-            if kl_in_loss:
-                loss = loss + kl.wiring["coef"] * aggregate(kl(tensors), mask, mode=agg_mode)
-            objective = share * loss  # this process's part of the minibatch's loss
-            if lm.wiring["coef"] > 0:
-                lm_term = lm.wiring["coef"] * lm(tensors)
-                loss = loss + lm_term
-                objective = objective + distributed.share(positive_token_count(mask, positive[rows])) * lm_term
-            if nan_injected(step):
-                loss, objective = loss * math.nan, objective * math.nan
-            parts.policy_optimizer.zero_grad(set_to_none=True)
-            objective.backward()
-            distributed.sum_gradients(parts.policy_optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                [p for p in policy.parameters() if p.requires_grad], cfg.trainer.grad_clip or float("inf")
-            )
-            stepped = guarded_step(parts.policy_optimizer, loss, grad_norm)
-            step_metrics = {
-                "train/pg_loss": pg_loss.item(),
-                "train/entropy": entropy_mean.item(),
-                "train/grad_norm": grad_norm.item(),
-                **{f"train/{k}": float(v) for k, v in pg_metrics.items()},
-            }
-            if old_logp is None:  # this forward's log-probs are the sampling policy's
-                step_metrics.update(logp_metrics(logp.detach(), tensors["ref_logp"], mb.sampler_logp, mask))
-            if critic is not None:
-                value_metrics, value_stepped = value_update(
-                    cfg, parts, mb, old_values[rows], returns[rows], mask, agg_mode, share
-                )
-                step_metrics.update(value_metrics)
-                stepped = stepped and value_stepped
-            count_update(state, stepped, cfg.trainer.max_skipped)
-            totals["train/loss"] = totals.get("train/loss", 0.0) + objective.item()  # this process's part already
-            for k, v in step_metrics.items():
-                totals[k] = totals.get(k, 0.0) + share * v
-            count += 1
-    return distributed.combine({k: v / count for k, v in totals.items()})
-
-
-def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, mask, agg_mode: str, share: float):
-    """One critic step on the value loss -> (train/value_loss, train/explained_var, ...; whether it stepped).
-
-    ``share``: this process's part of the loss normaliser (1.0 in one process); the metrics are this process's.
-    """
-    vl = parts.components["value_loss"]
-    values = parts.models.critic(batch)
-    loss, metrics = vl({"values": values, "old_values": old_values, "returns": returns, "mask": mask}, agg=agg_mode)
-    parts.critic_optimizer.zero_grad(set_to_none=True)
-    (share * vl.wiring.get("coef", 1.0) * loss).backward()
-    distributed.sum_gradients(parts.critic_optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        parts.models.critic.trainable_parameters(), cfg.trainer.grad_clip or float("inf")
-    )
-    stepped = guarded_step(parts.critic_optimizer, loss, grad_norm)
-    explained = adv_lib.explained_variance(values.detach(), returns, mask)
-    return {
-        "train/value_loss": loss.item(),
-        "train/explained_var": float(explained),
-        **{f"train/value_{k}": float(v) for k, v in metrics.items()},
-    }, stepped
-
-
 def pretrain_value(cfg, parts: Parts, tracker, progress, stop: StopRequests, state: TrainState) -> None:
     """VC-PPO: the critic alone learns Monte-Carlo returns (λ = 1) of the frozen initial policy."""
     vp = cfg.value_pretrain
@@ -347,15 +241,11 @@ def pretrain_value(cfg, parts: Parts, tracker, progress, stop: StopRequests, sta
         for step in range(1, vp.steps + 1):
             batch, scores, _, _ = sample_groups(cfg, parts, -step)  # negative steps: prompts unseen by RL
             mask = batch.response_mask
-            with torch.no_grad():
-                old_values = parts.models.critic(batch)
+            old_values = parts.engine.values(batch)
             returns = scores[:, None] * mask  # Monte-Carlo return with λ = 1, γ = 1: the final score at every token
-            share = distributed.share(denominator(mask, mode=agg_mode))  # N processes: each its own samples
-            metrics, stepped = value_update(cfg, parts, batch, old_values, returns, mask, agg_mode, share)
+            metrics, stepped = value_update(cfg, parts, batch, old_values, returns, agg_mode)  # each its own samples
             count_update(state, stepped, cfg.trainer.max_skipped)
-            metrics = distributed.combine(
-                {k.replace("train/", "value_pretrain/"): share * v for k, v in metrics.items()}
-            )
+            metrics = {k.replace("train/", "value_pretrain/"): v for k, v in metrics.items()}
             tracker.log_metrics(metrics, step=step)
             advance(value_loss=metrics["value_pretrain/value_loss"], ev=metrics["value_pretrain/explained_var"])
             stop.requested = distributed.first_signal(stop.requested)
@@ -380,12 +270,13 @@ def evaluate(cfg, parts: Parts) -> dict[str, float]:
         for name, temperature in (("accuracy", 0.0), ("accuracy_sampled", cfg.rollout.temperature)):
             correct, tokens = 0.0, 0.0
             if problems:  # more processes than prompts leave some without
-                batch = parts.sampler.generate(
-                    policy,
-                    [p.prompt for p in problems],
-                    temperature=temperature,
-                    max_new_tokens=cfg.rollout.max_new_tokens,
-                )
+                with parts.engine.sampling():
+                    batch = parts.sampler.generate(
+                        policy,
+                        [p.prompt for p in problems],
+                        temperature=temperature,
+                        max_new_tokens=cfg.rollout.max_new_tokens,
+                    )
                 correct, tokens = sum(task.score_batch(batch.texts, problems)), batch.response_mask.sum().item()
             out[f"eval/{name}"] = distributed.total(correct) / total
             if name == "accuracy":

@@ -14,6 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from rlx_cli.errors import UserError
+from rlx_cli.logprobs import Scorer, causal_lm, postprocessed_logits
+from rlx_cli.precision import autocast, compute_dtype, frozen_dtype, full_precision, trained_dtype
 from rlx_cli.rollout import Rollout
 
 
@@ -23,9 +25,12 @@ class Models:
     tokenizer: object
     reference: nn.Module | None  # None with LoRA: the policy with its adapters disabled
     critic: Critic | SharedCritic | None
+    scorer: Scorer  # the policy's training forwards (log-probs, entropy, hidden states)
+    reference_scorer: Scorer  # the reference's; with LoRA the policy's own, inside reference_context()
+    compute_dtype: torch.dtype | None = None  # bfloat16 autocast under trainer.precision=bf16-mixed
 
     def reference_context(self):
-        """Inside it, ``self.reference_model`` computes reference log-probs."""
+        """Inside it, ``self.reference_scorer`` (and ``self.reference_model``) compute reference log-probs."""
         return self.policy.disable_adapter() if self.reference is None else nullcontext()
 
     @property
@@ -37,28 +42,25 @@ class Models:
         return next(self.policy.parameters()).device
 
 
-def load_pretrained(path: Path, model_cfg: DictConfig):
+def load_pretrained(path: Path, model_cfg: DictConfig, dtype: torch.dtype):
     """(causal LM, tokenizer) from a local ``save_pretrained`` directory; one clear line if it is not one."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch_dtype(model_cfg.dtype), trust_remote_code=model_cfg.trust_remote_code
-        )
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
     except (OSError, ValueError, json.JSONDecodeError, SafetensorError) as error:  # a truncated or corrupt file
         raise UserError(f"model.path={path} cannot be loaded: {str(error).splitlines()[0]}") from error
+    altered = postprocessed_logits(model.config)
+    if altered:
+        raise UserError(
+            f"model.path={path}: this {model.config.model_type} model changes its logits after the head "
+            f"({altered}), which rlx's log-probs do not apply yet (valid: a model without it, e.g. Llama, Qwen2)"
+        )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
-
-
-def torch_dtype(name: str) -> torch.dtype:
-    """``auto`` is bfloat16 on a GPU and float32 on the CPU."""
-    if name == "auto":
-        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    return getattr(torch, name)
 
 
 def pick_device(name: str) -> torch.device:
@@ -72,13 +74,22 @@ def pick_device(name: str) -> torch.device:
 
 
 def build_models(
-    path: Path, model_cfg: DictConfig, *, needs_critic: bool, critic_cfg: DictConfig, device: str = "cpu"
+    path: Path,
+    model_cfg: DictConfig,
+    *,
+    needs_critic: bool,
+    critic_cfg: DictConfig,
+    device: str | torch.device = "cpu",
+    precision: str = "fp32",
 ) -> Models:
-    """Policy, reference and critic on ``device``."""
-    model, tokenizer = load_pretrained(path, model_cfg)
+    """Policy, reference and critic on ``device``, their weights in the dtypes ``precision`` asks for
+    (``rlx_cli/precision.py``: trained weights float32 unless ``bf16-true``; frozen ones by ``model.dtype``)."""
+    trained, frozen = trained_dtype(precision), frozen_dtype(precision, model_cfg.dtype)
+    compute = compute_dtype(precision)
     if model_cfg.finetune == "lora":
         from peft import LoraConfig, get_peft_model
 
+        model, tokenizer = load_pretrained(path, model_cfg, frozen)  # the base is frozen; adapters stay float32
         lora = OmegaConf.to_container(model_cfg.lora)
         config = LoraConfig(
             r=lora["r"],
@@ -88,16 +99,41 @@ def build_models(
             task_type="CAUSAL_LM",
         )
         policy, reference = get_peft_model(model, config), None
-        critic = SharedCritic(policy, config) if needs_critic and critic_cfg.init == "policy" else None
+        scorer = Scorer(policy, compute)
+        reference_scorer = scorer
+        critic = SharedCritic(scorer, config) if needs_critic and critic_cfg.init == "policy" else None
     else:
-        policy, critic = model, None
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
+        policy, tokenizer = load_pretrained(path, model_cfg, trained)
+        reference = copy.deepcopy(policy).to(frozen).eval().requires_grad_(False)
+        scorer, reference_scorer, critic = Scorer(policy, compute), Scorer(reference, compute), None
     if needs_critic and critic is None:
-        critic = Critic.from_weights(path, model_cfg, critic_cfg)
+        critic = Critic.from_weights(path, model_cfg, critic_cfg, dtype=trained, compute_dtype=compute)
+    for body in (causal_lm(policy), critic.body if isinstance(critic, Critic) else None):
+        if body is not None:
+            training_mode(body, checkpointing=model_cfg.activation_checkpointing)
     for module in (policy, reference, critic):  # the LoRA critic moves its head; its adapter moves with the policy
         if module is not None:
             module.to(device)
-    return Models(policy, tokenizer, reference, critic)
+    return Models(policy, tokenizer, reference, critic, scorer, reference_scorer, compute)
+
+
+def training_mode(model: nn.Module, *, checkpointing: bool) -> None:
+    """Train mode without dropout (RL updates, like TRL's ``disable_dropout``, compare log-probs of one policy), and
+    with ``checkpointing`` each decoder layer's activations recomputed in backward instead of kept (non-reentrant,
+    so LoRA's frozen inputs need no gradient; transformers checkpoints only in train mode). LoRA's own dropout
+    (``model.lora.dropout``) is left as configured."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Dropout) and "lora_dropout" not in name:
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    model.train()
+    if checkpointing:
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5.23's name
+        if enable is not None:
+            enable()
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def value_head(hidden_size: int) -> nn.Linear:
@@ -108,39 +144,46 @@ def value_head(hidden_size: int) -> nn.Linear:
 
 
 def values_at_responses(hidden: torch.Tensor, head: nn.Linear, batch: Rollout) -> torch.Tensor:
-    """The value of response token t from the hidden state of the position before it -> [B, T]."""
+    """The value of response token t from the hidden state of the position before it -> [B, T] (a float32 head)."""
     start = batch.prompt_len - 1
-    return head(hidden[:, start : start + batch.responses.shape[1]].float()).squeeze(-1)  # an fp32 head
+    with full_precision(hidden.device):
+        return head(hidden[:, start : start + batch.responses.shape[1]].float()).squeeze(-1)
 
 
 class Critic(nn.Module):
     """V(s_t) for every response token: a causal-LM body plus a zero-initialised ``Linear(hidden, 1)``.
 
     The value of response token t is read from the hidden state of the position before it, the state in
-    which the policy chose that token.
+    which the policy chose that token. ``compute_dtype``: the body's autocast dtype (None: none).
     """
 
-    def __init__(self, body: nn.Module, hidden_size: int):
+    def __init__(self, body: nn.Module, hidden_size: int, compute_dtype: torch.dtype | None = None):
         super().__init__()
         self.body = body
         self.head = value_head(hidden_size)
+        self.compute_dtype = compute_dtype
 
     @classmethod
-    def from_weights(cls, path: Path, model_cfg: DictConfig, critic_cfg: DictConfig) -> Critic:
+    def from_weights(
+        cls, path: Path, model_cfg: DictConfig, critic_cfg: DictConfig, *, dtype: torch.dtype, compute_dtype
+    ) -> Critic:
         from transformers import AutoModel
 
         source = Path(path) if critic_cfg.init == "policy" else Path(critic_cfg.init)
-        body = AutoModel.from_pretrained(
-            source, dtype=torch_dtype(model_cfg.dtype), trust_remote_code=model_cfg.trust_remote_code
-        )
-        return cls(body, body.config.hidden_size)
+        body = AutoModel.from_pretrained(source, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
+        return cls(body, body.config.hidden_size, compute_dtype)
 
     def forward(self, batch: Rollout) -> torch.Tensor:
         """-> values [B, T]"""
-        hidden = self.body(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
-        ).last_hidden_state
+        with autocast(self.compute_dtype, batch.input_ids.device):
+            hidden = self.body(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+            ).last_hidden_state
         return values_at_responses(hidden, self.head, batch)
+
+    def active(self):
+        """Nothing to switch: the critic is a model of its own (``SharedCritic.active`` switches an adapter)."""
+        return nullcontext()
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return list(self.parameters())
@@ -153,59 +196,54 @@ class SharedCritic(nn.Module):
     """The LoRA critic: a second adapter (``critic``) plus a value head on the policy's frozen base.
 
     Actor, critic and reference share one copy of the base weights; ``forward`` switches the active
-    adapter to ``critic`` and back to the policy's ``default``.
+    adapter to ``critic`` and back to the policy's ``default``, and runs the body through the policy's
+    ``Scorer`` (the sharded root under ``trainer.strategy=fsdp``).
     """
 
-    def __init__(self, policy: nn.Module, lora_config):
+    def __init__(self, scorer: Scorer, lora_config):
         super().__init__()
+        policy = scorer.lm
         policy.add_adapter("critic", lora_config)
-        self.policy = [policy]  # a list, so the policy's parameters are not registered twice
-        self.adapters = [p for n, p in policy.named_parameters() if "lora_" in n]
+        self.scorer = [scorer]  # a list, so the policy's parameters are not registered twice
         self.head = value_head(policy.get_base_model().config.hidden_size)
         self.use("default")
 
     def use(self, adapter: str) -> None:
         """Activate one adapter; both stay trainable (peft's set_adapter freezes the inactive one, and a
-        tensor frozen between forward and backward gets no gradient)."""
-        self.policy[0].set_adapter(adapter)
-        for p in self.adapters:
-            p.requires_grad_(True)
+        tensor frozen between forward and backward gets no gradient). The parameters are looked up each time:
+        FSDP replaces them by their shards."""
+        policy = self.scorer[0].lm
+        policy.set_adapter(adapter)
+        for name, p in policy.named_parameters():
+            if "lora_" in name:
+                p.requires_grad_(True)
+
+    @contextmanager
+    def active(self):
+        """The critic's adapter on inside, the policy's after. A backward through layers that recompute their
+        activations (``model.activation_checkpointing``) recomputes with the adapter active then, so it must run
+        inside too."""
+        outer = self.scorer[0].lm.active_adapter == "critic"
+        if not outer:
+            self.use("critic")
+        try:
+            yield
+        finally:
+            if not outer:
+                self.use("default")
 
     def forward(self, batch: Rollout) -> torch.Tensor:
         """-> values [B, T]"""
-        self.use("critic")
-        try:
-            hidden = (
-                self.policy[0]
-                .get_base_model()
-                .base_model(
-                    input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
-                )
-                .last_hidden_state
-            )
-        finally:
-            self.use("default")
+        with self.active():
+            hidden = self.scorer[0](batch, hidden=True)
         return values_at_responses(hidden, self.head, batch)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        adapter = [p for n, p in self.policy[0].named_parameters() if ".critic." in n]
+        adapter = [p for n, p in self.scorer[0].lm.named_parameters() if ".critic." in n]
         return adapter + list(self.head.parameters())
 
     def state_to_save(self) -> dict[str, torch.Tensor]:
         return self.head.state_dict()  # the adapter is saved with the policy, under critic/
-
-
-def response_logp(model: nn.Module, batch: Rollout, temperature: float, *, with_entropy: bool = False):
-    """Log-probs of the sampled response tokens under ``model`` -> (logp [B, T], entropy [B, T] or None)."""
-    logits = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
-    ).logits
-    start = batch.prompt_len - 1
-    logits = logits[:, start : start + batch.responses.shape[1]].float() / max(temperature, 1e-6)
-    logprobs = logits.log_softmax(-1)
-    logp = logprobs.gather(-1, batch.responses.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logprobs.exp() * logprobs).sum(-1) if with_entropy else None
-    return logp, entropy
 
 
 @contextmanager

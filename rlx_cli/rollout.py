@@ -65,11 +65,13 @@ def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
 
 
 class HFSampler:
-    """Samples with ``model.generate``; ``temperature=0`` is greedy."""
+    """Samples with ``model.generate``, at most ``rows`` sequences per call (``rollout.generate_rows``: the KV
+    cache grows with them); ``temperature=0`` is greedy."""
 
-    def __init__(self, tokenizer, *, top_p: float = 1.0, chat_template: bool = False):
+    def __init__(self, tokenizer, *, top_p: float = 1.0, chat_template: bool = False, rows: int = 256):
         self.tokenizer = tokenizer
         self.top_p = top_p
+        self.rows = rows
         self.chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
 
     def render(self, prompt: str) -> str:
@@ -90,8 +92,16 @@ class HFSampler:
             add_special_tokens=not self.chat_template,
         )
 
-    @torch.no_grad()
     def generate(self, model, prompts: list[str], *, temperature: float, max_new_tokens: int) -> Rollout:
+        """Responses to ``prompts``, ``rows`` at a time, as one batch."""
+        chunks = [
+            self.generate_chunk(model, prompts[i : i + self.rows], temperature, max_new_tokens)
+            for i in range(0, len(prompts), self.rows)
+        ]
+        return chunks[0] if len(chunks) == 1 else Rollout.concat(chunks, self.tokenizer.pad_token_id)
+
+    @torch.no_grad()
+    def generate_chunk(self, model, prompts: list[str], temperature: float, max_new_tokens: int) -> Rollout:
         tok = self.tokenizer
         enc = self.encode(prompts).to(model.device)
         sampling = dict(temperature=temperature, top_p=self.top_p, top_k=0) if temperature > 0 else {}
@@ -103,6 +113,7 @@ class HFSampler:
             do_sample=temperature > 0,
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
+            synced_gpus=False,  # every process samples on its own (FSDP gathers the weights first: sharding.py)
             **sampling,
         )
         model.train(was_training)

@@ -63,9 +63,7 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
         from rlx_cli.loop import train
 
         parts = build(job, progress)
-        distributed.broadcast_weights(parts.models.policy, parts.models.critic)
         state = checkpoint.resume(job, parts, progress)
-        distributed.seed_sampling(job.seed, state.step)
         tracker.start(job, tags, run_id=state.run_id)
         state.run_id = tracker.run_id
         started = time.perf_counter()
@@ -73,8 +71,8 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
             with stop.deferred():
                 final = dict(train(job, parts, tracker, progress, stop, state))
             final["perf/total_s"] = time.perf_counter() - started
+            save_final(parts, output_dir)
             if distributed.is_main():
-                save_final(parts, output_dir)
                 write_json(output_dir / "metrics.json", final)
                 tracker.log_artifact(output_dir / "metrics.json")
     if distributed.is_main():
@@ -129,16 +127,24 @@ def ending(tracker, output_dir: Path):
 
 
 def save_final(parts, output_dir: Path) -> None:
-    """Policy (full weights or the LoRA adapter), tokenizer and critic in safetensors, written atomically."""
+    """Policy (full weights or the LoRA adapter), tokenizer and critic in safetensors, written atomically by rank 0
+    (every process calls it: sharded weights are gathered whole first)."""
     from safetensors.torch import save_file
 
+    from rlx_cli import distributed
+    from rlx_cli.sharding import full_tensors
+
+    models = parts.models
+    policy = full_tensors(models.policy.state_dict())
+    critic = full_tensors(models.critic.state_to_save()) if models.critic is not None else None
+    if not distributed.is_main():
+        return
     output_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=output_dir, prefix=".final-"))
-    parts.models.policy.save_pretrained(tmp, safe_serialization=True)
-    parts.models.tokenizer.save_pretrained(tmp)
-    if parts.models.critic is not None:
-        state = {k: v.contiguous() for k, v in parts.models.critic.state_to_save().items()}
-        save_file(state, str(tmp / "critic.safetensors"))
+    models.policy.save_pretrained(tmp, state_dict=policy, safe_serialization=True)
+    models.tokenizer.save_pretrained(tmp)
+    if critic is not None:
+        save_file(critic, str(tmp / "critic.safetensors"))
     final = output_dir / "final"
     if final.exists():
         shutil.rmtree(final)

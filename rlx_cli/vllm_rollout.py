@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from rlx_cli.models import torch_dtype
 from rlx_cli.rollout import HFSampler, Rollout, assemble
 
 
@@ -25,9 +24,18 @@ class VLLMSampler(HFSampler):
     """``generate`` like ``HFSampler`` (same prompts, same Rollout) from a ``vllm.LLM`` on the policy's weights."""
 
     def __init__(
-        self, path: Path, tokenizer, rollout: DictConfig, model: DictConfig, *, chat_template: bool, seed: int
+        self,
+        path: Path,
+        tokenizer,
+        rollout: DictConfig,
+        model: DictConfig,
+        *,
+        chat_template: bool,
+        seed: int,
+        dtype: torch.dtype,
     ):
         super().__init__(tokenizer, top_p=rollout.top_p, chat_template=chat_template)
+        self.dtype = dtype  # the engine's weights: bfloat16 under a bf16 precision (model.dtype=auto)
         # in-process engine: weights are handed over as tensors, not pickled to a worker process
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM's own lines drown rlx's; its warnings on each reload (rotary cache, tied head) are expected
@@ -45,7 +53,7 @@ class VLLMSampler(HFSampler):
         lora_engine = {"enable_lora": True, "max_lora_rank": model.lora.r, "max_loras": 1} if self.by_adapter else {}
         self.llm = LLM(
             model=str(path),
-            dtype=torch_dtype(model.dtype),
+            dtype=dtype,
             seed=seed,
             enforce_eager=rollout.enforce_eager,
             gpu_memory_utilization=rollout.gpu_memory_utilization,
@@ -99,7 +107,7 @@ class VLLMSampler(HFSampler):
             self.load_adapter(model)
         else:
             weights = merged_lora_weights(model) if self.lora else model.named_parameters()
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": detached(weights)})
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": detached(weights, self.dtype)})
             self.llm.apply_model(repack_tied_head)
         self.llm.reset_prefix_cache()
         self.rest()
@@ -137,8 +145,9 @@ def repack_tied_head(model) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
-def detached(weights) -> Iterator[tuple[str, torch.Tensor]]:
-    return ((name, w.detach()) for name, w in weights)
+def detached(weights, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each weight detached and cast to the engine's dtype one at a time (float32 masters are never copied whole)."""
+    return ((name, w.detach().to(dtype)) for name, w in weights)
 
 
 def merged_lora_weights(model) -> Iterator[tuple[str, torch.Tensor]]:

@@ -29,7 +29,7 @@ from rlx_cli.tasks import build_task
 
 def sampled_accuracy(path: Path, cfg, samples: int, seed: int, batch: int) -> float:
     """Mean score of ``samples`` sampled responses per held-out prompt of ``cfg.task`` -> accuracy."""
-    model, tokenizer = load_pretrained(path, cfg.model)
+    model, tokenizer = load_pretrained(path, cfg.model, torch.float32)  # the CPU's float32, as the runs trained
     model.eval()
     task, sampler = build_task(cfg.task), HFSampler(tokenizer, top_p=cfg.rollout.top_p)
     problems = [p for p in task.eval_problems for _ in range(samples)]

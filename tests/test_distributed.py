@@ -1,7 +1,9 @@
-"""Data parallelism: two gloo processes on 127.0.0.1 compute what one process computes.
+"""Data parallelism and micro-batches: what one process computes on the whole batch, every other way computes too.
 
-The update test runs the loop's own ``update_step`` on one fixed global batch in one process and in two
-(each its slice of every minibatch) and compares losses and every trainable weight; the end-to-end test
+The update tests run the loop's own ``update_step`` on one fixed global batch: in one process on the whole batch
+(the reference), in one process over small micro-batches, and in two gloo processes (each its slice of every
+minibatch) under ``trainer.strategy`` ddp, zero1 and fsdp; they compare losses and every trainable weight after an
+SGD step at lr 1 (a weight moves by its gradient, so any difference in the gradients shows). The end-to-end test
 runs ``rlx train launcher=torchrun``.
 """
 
@@ -16,13 +18,26 @@ import torch
 from conftest import SHORT, mlflow_runs, rlx, save_tiny_llama
 from safetensors.torch import load_file, save_file
 
-# (name, overrides): every loss_agg mode; full and LoRA; no critic, the LoRA critic and the full-model one
+# (name, loss_agg mode, overrides): every loss_agg mode; full and LoRA; no critic, the LoRA critic and the full-model
+# one; KL in the loss, the entropy bonus, positive-sample NLL; then FSDP2 and ZeRO-1 on full, LoRA and VAPO's critic
 CASES = [
-    ("token_mean", ["model.finetune=full", "kl=estimate", "kl.placement=loss", "kl.coef=0.1"]),
-    ("seq_mean_token_mean", ["model.finetune=lora", "policy_loss.entropy_coef=0.01"]),
-    ("seq_mean_token_sum", ["algo=ppo", "model.finetune=lora", "lm_loss=positive_nll", "lm_loss.coef=0.5"]),
-    ("seq_mean_token_sum_norm", ["algo=ppo", "model.finetune=full", "trainer.epochs=2"]),
-]
+    ("token_mean", "token_mean", ["model.finetune=full", "kl=estimate", "kl.placement=loss", "kl.coef=0.1"]),
+    ("seq_mean_token_mean", "seq_mean_token_mean", ["model.finetune=lora", "policy_loss.entropy_coef=0.01"]),
+    ("seq_mean_token_sum", "seq_mean_token_sum", ["algo=ppo", "model.finetune=lora", "lm_loss=positive_nll",
+                                                  "lm_loss.coef=0.5"]),
+    ("seq_mean_token_sum_norm", "seq_mean_token_sum_norm", ["algo=ppo", "model.finetune=full", "trainer.epochs=2"]),
+    *[
+        (f"{strategy}-{name}", "token_mean", [f"trainer.strategy={strategy}", *overrides])
+        for strategy in ("fsdp", "zero1")
+        for name, overrides in (
+            ("full", ["model.finetune=full", "kl=estimate", "kl.placement=loss", "kl.coef=0.1"]),
+            ("lora", ["model.finetune=lora", "policy_loss.entropy_coef=0.01"]),
+            ("vapo", ["algo=vapo", "model.finetune=full"]),
+            ("vapo-lora", ["algo=vapo", "model.finetune=lora"]),
+        )
+    ],
+]  # fmt: skip
+MICRO = ["trainer.micro_batch_tokens=48"]  # 16 rows of about 7 + 12 tokens: micro-batches of 1 or 2 rows
 
 
 def free_port() -> int:
@@ -37,49 +52,64 @@ def model_dir(tmp_path_factory):
     return save_tiny_llama(tmp_path_factory.mktemp("tiny"), layers=2, heads=2, head_dim=16)
 
 
+def sgd(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """SGD at lr 1 over ``optimizer``'s parameters, sharded like it (ZeRO-1) or not: a weight moves by its
+    gradient, so any difference in the gradients shows (AdamW's first steps move each weight by about
+    lr·sign(gradient), whatever the gradient's size)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if hasattr(optimizer, "consolidate_state_dict"):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, lr=1.0)
+    return torch.optim.SGD(params, lr=1.0)
+
+
 def one_update(model_dir, mode: str, overrides: list[str]):
     """``update_step`` on a fixed batch of 16 rows, 2 minibatches -> (metrics, trainable weights after it, the
     largest change of a policy weight)."""
     from rlx_cli.build import build
     from rlx_cli.checkpoint import TrainState
     from rlx_cli.compose import compose, job_config
-    from rlx_cli.loop import update_step
-    from rlx_cli.models import response_logp
     from rlx_cli.progress import Progress
+    from rlx_cli.sharding import full_tensors
+    from rlx_cli.update import update_step
 
     cfg = job_config(
         compose(["model=hf", f"model.path={model_dir}", "trainer.threads=1", f"loss_agg.mode={mode}", *overrides])
     )
     parts = build(cfg, Progress(silent=True))
-    models = parts.models
-    # SGD at lr 1: a weight moves by its gradient, so any difference in the gradients shows (AdamW's first steps
-    # move each weight by about lr·sign(gradient), whatever the gradient's size)
-    parts.policy_optimizer = torch.optim.SGD(parts.policy_optimizer.param_groups[0]["params"], lr=1.0)
+    models, engine = parts.models, parts.engine
+    parts.policy_optimizer = sgd(parts.policy_optimizer)
     if parts.critic_optimizer is not None:
-        parts.critic_optimizer = torch.optim.SGD(parts.critic_optimizer.param_groups[0]["params"], lr=1.0)
+        parts.critic_optimizer = sgd(parts.critic_optimizer)
     torch.manual_seed(0)  # the same batch in every process
     prompts = [f"{i % 9 + 1},{i % 7 + 2},{i % 5 + 3}:" for i in range(16)]
-    batch = parts.sampler.generate(models.policy, prompts, temperature=1.0, max_new_tokens=12)
+    with engine.sampling():
+        batch = parts.sampler.generate(models.policy, prompts, temperature=1.0, max_new_tokens=12)
     mask = batch.response_mask
-    with torch.no_grad():
-        old_logp, _ = response_logp(models.policy, batch, 1.0)
-        with models.reference_context():
-            ref_logp, _ = response_logp(models.reference_model, batch, 1.0)
-        values = models.critic(batch) if models.critic is not None else None
+    if "trainer.micro_batch_tokens=48" in overrides:
+        assert len(engine.micro_batches(batch)) >= 8  # the budget does split the batch
+    old_logp, ref_logp = engine.logp(batch, 1.0), engine.logp(batch, 1.0, reference=True)
+    values = engine.values(batch) if models.critic is not None else None
     noise = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
     advantages = noise * mask
     returns = None if values is None else (values + noise.flip(0)) * mask
     positive = torch.arange(16) % 3 == 0
-    before = {n: p.detach().clone() for n, p in models.policy.named_parameters() if p.requires_grad}
+
+    def trainable() -> dict[str, torch.Tensor]:  # whole copies (full_tensors may return the weights themselves)
+        weights = {n: p for n, p in models.policy.named_parameters() if p.requires_grad}
+        return {n: t.clone() for n, t in full_tensors(weights).items()}
+
+    before = trainable()
     torch.manual_seed(2)  # the minibatch permutation: rank 0's draw is one process's draw
-    metrics = update_step(
+    metrics, _ = update_step(
         cfg, parts, TrainState(), 1, batch, old_logp, ref_logp, advantages, positive, values, returns, mode
     )
-    weights = {n: p.detach().clone() for n, p in models.policy.named_parameters() if p.requires_grad}
+    weights = trainable()
     moved = max((w - before[n]).abs().max().item() for n, w in weights.items())
     assert moved > 1e-3  # the update moved the policy
     if models.critic is not None:
-        weights.update({f"critic.{n}": p.detach().clone() for n, p in models.critic.state_dict().items()})
+        weights.update({f"critic.{n}": t for n, t in full_tensors(models.critic.state_dict()).items()})
     return metrics, weights, moved
 
 
@@ -122,28 +152,39 @@ def worker(rank: int, port: int, model_dir, out_dir) -> None:
 
     distributed.start()
     check_gather_and_agreement()
-    for mode, overrides in CASES:
-        metrics, weights, _ = one_update(model_dir, mode, overrides)
-        save_file(weights, str(out_dir / f"{mode}-{rank}.safetensors"))
-        (out_dir / f"{mode}-{rank}.json").write_text(json.dumps(metrics))
+    for name, mode, overrides in CASES:
+        for budget in ("whole", "micro"):
+            metrics, weights, _ = one_update(model_dir, mode, overrides + (MICRO if budget == "micro" else []))
+            save_file(weights, str(out_dir / f"{name}-{budget}-{rank}.safetensors"))
+            (out_dir / f"{name}-{budget}-{rank}.json").write_text(json.dumps(metrics))
 
 
-def test_two_processes_update_like_one(model_dir, tmp_path):
+def compare(name: str, reference: tuple, weights: dict, metrics: dict) -> float:
+    """The largest weight difference relative to the largest move; asserts it and the losses within 1e-5."""
+    ref_metrics, ref_weights, moved = reference
+    assert weights.keys() == ref_weights.keys()
+    diff = max((weights[k] - ref_weights[k]).abs().max().item() for k in weights) / moved
+    assert diff < 1e-5, (name, diff)
+    for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm", "train/value_loss"):
+        if key in ref_metrics:
+            assert metrics[key] == pytest.approx(ref_metrics[key], rel=1e-5, abs=1e-7), (name, key)
+    return diff
+
+
+def test_micro_batches_and_processes_update_like_one_process_on_the_whole_batch(model_dir, tmp_path):
     torch.multiprocessing.spawn(worker, args=(free_port(), model_dir, tmp_path), nprocs=2)
-    for mode, overrides in CASES:
-        metrics, weights, moved = one_update(model_dir, mode, overrides)
-        for rank in (0, 1):
-            theirs = load_file(tmp_path / f"{mode}-{rank}.safetensors")
-            assert theirs.keys() == weights.keys()
-            diff = max((theirs[k] - weights[k]).abs().max().item() for k in weights)
-            assert diff < 1e-4, (mode, rank, diff)
-            their_metrics = json.loads((tmp_path / f"{mode}-{rank}.json").read_text())
-            loss_diff = abs(their_metrics["train/loss"] - metrics["train/loss"])
-            print(f"{mode} rank {rank}: max |Δ weight| {diff:.1e} (the update moved weights by up to {moved:.1e}), "
-                  f"|Δ train/loss| {loss_diff:.1e}")  # fmt: skip
-            for key in ("train/loss", "train/pg_loss", "train/entropy", "train/grad_norm", "train/value_loss"):
-                if key in metrics:
-                    assert their_metrics[key] == pytest.approx(metrics[key], abs=1e-4), (mode, key)
+    for name, mode, overrides in CASES:
+        plain = [o for o in overrides if not o.startswith("trainer.strategy")]
+        reference = one_update(model_dir, mode, plain)
+        if name == mode:  # the strategies' cases have their plain twin among the loss_agg cases' settings
+            _, weights, _ = one_update(model_dir, mode, plain + MICRO)
+            print(f"{name} 1 process, micro-batches: {compare(name, reference, weights, reference[0]):.1e}")
+        for budget in ("whole", "micro"):
+            for rank in (0, 1):
+                theirs = load_file(tmp_path / f"{name}-{budget}-{rank}.safetensors")
+                their_metrics = json.loads((tmp_path / f"{name}-{budget}-{rank}.json").read_text())
+                diff = compare(f"{name} {budget} rank {rank}", reference, theirs, their_metrics)
+                print(f"{name} 2 processes, {budget} batch, rank {rank}: max |Δ weight| / max move {diff:.1e}")
 
 
 @pytest.mark.slow
@@ -161,3 +202,61 @@ def test_rlx_train_launcher_torchrun(workdir):
     assert (workdir / "out" / "final" / "model.safetensors").is_file()
     assert [p.name for p in (workdir / "out" / "checkpoints").iterdir()] == ["step-000003"]
     assert json.loads((workdir / "out" / "metrics.json").read_text())["train/groups"] == 4.0
+
+
+STRATEGY_RUN = ["launcher=torchrun", *SHORT, "trainer.steps=6", "algo=vapo", "value_pretrain.steps=1",
+                "trainer.ckpt_every=1", "tracking=none", "trainer.micro_batch_tokens=256"]  # fmt: skip
+
+
+def killed_at_step(workdir, overrides: list[str], step: int) -> None:
+    """``rlx train OVERRIDES``, SIGKILLed (torchrun and its processes) once checkpoint ``step`` is complete."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "rlx_cli", "train", *overrides], cwd=workdir,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    marker = workdir / "killed" / "checkpoints" / f"step-{step:06d}" / "state.json"
+    deadline = time.monotonic() + 300
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert marker.exists() and not (workdir / "killed" / "final").exists(), "the run ended before it was killed"
+
+
+@pytest.mark.slow
+def test_strategies_train_alike_and_resume_after_sigkill(workdir):
+    """ddp, zero1 and fsdp on two processes: the same samples, losses and gradient norms; a run SIGKILLed after its
+    second checkpoint and resumed with trainer.resume=true ends where the uninterrupted run ends; ``final/`` is a
+    whole model that ``from_pretrained`` loads."""
+    from transformers import LlamaForCausalLM
+
+    final = {}
+    for strategy in ("ddp", "zero1", "fsdp"):
+        out = rlx("train", *STRATEGY_RUN, f"trainer.strategy={strategy}", f"trainer.output_dir={strategy}",
+                  cwd=workdir, env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+        final[strategy] = json.loads((workdir / strategy / "metrics.json").read_text())
+    keys = ["train/loss", "train/pg_loss", "train/grad_norm", "train/value_loss", "train/reward", "eval/accuracy"]
+    for strategy in ("zero1", "fsdp"):
+        for key in keys:
+            assert final[strategy][key] == pytest.approx(final["ddp"][key], rel=1e-4, abs=1e-6), (strategy, key)
+        run = [*STRATEGY_RUN, f"trainer.strategy={strategy}", "trainer.output_dir=killed"]
+        killed_at_step(workdir, run, step=2)
+        out = rlx("train", *run, "trainer.resume=true", cwd=workdir, env={"OMP_NUM_THREADS": "1"})
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "resuming from" in out.stderr
+        resumed = json.loads((workdir / "killed" / "metrics.json").read_text())
+        for key in keys:
+            assert resumed[key] == pytest.approx(final[strategy][key], rel=1e-5, abs=1e-7), (strategy, key)
+        model = LlamaForCausalLM.from_pretrained(workdir / "killed" / "final")
+        whole = load_file(workdir / "ddp" / "final" / "model.safetensors")
+        for name, weight in model.state_dict().items():
+            if name in whole:
+                assert torch.allclose(weight, whole[name], atol=1e-4), (strategy, name)
+        import shutil
+
+        shutil.rmtree(workdir / "killed")

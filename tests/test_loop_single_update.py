@@ -13,8 +13,9 @@ from safetensors.torch import load_file
 from rlx_cli import loop
 from rlx_cli.build import components_of
 from rlx_cli.compose import compose
+from rlx_cli.logprobs import Scorer
 
-RESPONSE_LOGP = loop.response_logp
+SCORER_FORWARD = Scorer.forward
 RUN = [*SHORT, "rollout.group_size=4", "trainer.minibatches=1", "trainer.ckpt_every=0", "tracking=none"]
 
 
@@ -35,7 +36,8 @@ def test_when_the_update_supplies_the_old_log_probs(overrides, expected):
 
 
 def train_counting_forwards(monkeypatch, overrides: list[str]) -> int:
-    """``rlx train algo=grpo`` (short, one minibatch) with ``overrides``; -> how many ``response_logp`` calls."""
+    """``rlx train algo=grpo`` (short, one minibatch, one micro-batch a pass) with ``overrides``; -> how many
+    log-prob forwards it ran."""
     from rlx_cli.run import train_command
 
     calls = 0
@@ -43,9 +45,9 @@ def train_counting_forwards(monkeypatch, overrides: list[str]) -> int:
     def counting(*args, **kwargs):
         nonlocal calls
         calls += 1
-        return RESPONSE_LOGP(*args, **kwargs)
+        return SCORER_FORWARD(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "response_logp", counting)
+    monkeypatch.setattr(Scorer, "forward", counting)
     train_command([*RUN, "algo=grpo", *overrides])
     return calls
 

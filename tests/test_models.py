@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 from transformers import LlamaForCausalLM
 
 from rlx_cli.compose import compose
-from rlx_cli.models import SharedCritic, build_models, response_logp
+from rlx_cli.logprobs import response_logp
+from rlx_cli.models import SharedCritic, build_models
 from rlx_cli.rollout import HFSampler
 
 
@@ -96,3 +97,38 @@ def test_models_land_on_the_device_asked_for(model_dir):
     for module in (models.policy, models.reference, models.critic):
         assert {p.device.type for p in module.parameters()} == {"meta"}
     assert models.device == torch.device("meta")
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_activation_checkpointing_keeps_every_gradient(model_dir, finetune):
+    """Policy and critic (a separate model with full fine-tuning, a second adapter with LoRA): the gradients of a
+    loss on log-probs, entropy and values are the same with activations recomputed in backward."""
+    from rlx_cli.logprobs import causal_lm
+
+    grads = {}
+    for checkpointing in (False, True):
+        cfg = compose(["algo=vapo", f"model.finetune={finetune}", f"model.activation_checkpointing={checkpointing}"])
+        torch.manual_seed(0)
+        models = build_models(model_dir, cfg.model, needs_critic=True, critic_cfg=cfg.critic)
+        assert causal_lm(models.policy).is_activation_checkpointing is checkpointing
+        torch.manual_seed(1)
+        batch = HFSampler(models.tokenizer).generate(models.policy, ["1,2:", "3,4,5:"], temperature=1.0,
+                                                     max_new_tokens=6)  # fmt: skip
+        with torch.no_grad():
+            models.critic.head.weight.fill_(0.5)  # a zero head passes no gradient to the critic's body
+        params = {n: p for n, p in models.policy.named_parameters() if p.requires_grad}
+        params.update({f"critic.{n}": p for n, p in models.critic.named_parameters() if p.requires_grad})
+        logp, entropy = models.scorer(batch, 0.8, with_entropy=True)
+        policy_loss = (logp.sum() + entropy.sum()) / batch.response_mask.sum()
+        grads[checkpointing] = dict(zip(params, torch.autograd.grad(policy_loss, list(params.values()),
+                                                                    allow_unused=True)))  # fmt: skip
+        with models.critic.active():  # as the value update backpropagates
+            value_loss = models.critic(batch).square().sum() / batch.response_mask.sum()
+            for name, grad in zip(params, torch.autograd.grad(value_loss, list(params.values()), allow_unused=True)):
+                grads[checkpointing][f"value {name}"] = grad
+    assert grads[True].keys() == grads[False].keys()
+    for name, grad in grads[False].items():
+        if grad is None:
+            assert grads[True][name] is None, name
+        else:
+            assert torch.allclose(grads[True][name], grad, rtol=1e-5, atol=1e-7), name

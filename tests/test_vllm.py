@@ -15,7 +15,7 @@ from conftest import SHORT, rlx
 from components.masked import masked_mean
 from rlx_cli.build import build
 from rlx_cli.compose import compose, job_config
-from rlx_cli.models import response_logp
+from rlx_cli.logprobs import response_logp
 from rlx_cli.progress import Progress
 from rlx_cli.rollout import HFSampler
 

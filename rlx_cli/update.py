@@ -1,0 +1,175 @@
+"""Step 7 of the loop: minibatch epochs of the policy and value losses, each minibatch over micro-batches.
+
+For each minibatch (with N processes, this process's slice of it: ``distributed.minibatch_rows``):
+
+1. its loss normalisers, once, on the untrimmed minibatch of every process: D = Σ ``loss_agg.denominator``, and
+   for the LM loss the count of tokens in positive rows;
+2. each micro-batch (``Engine.micro_batches``): a forward with gradients, the components on its ``[b, t]`` tensors,
+   and a backward of its loss weighted by denominator(micro) / D. The weights of all micro-batches of all processes
+   add up to 1, so the accumulated gradient is the minibatch's, exactly, for every ``loss_agg`` mode;
+3. the gradients summed over processes and clipped, then one optimizer step; an update whose loss or gradient
+   norm is NaN/inf is skipped (``guard.guarded_step``) and counted (``guard.count_update``).
+
+Metrics are the same weighted sums (``*_max`` metrics the largest value), so they are the minibatch's too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from components import advantage as adv_lib
+from components.lm_loss import positive_token_count
+from components.loss_agg import aggregate, denominator
+from rlx_cli import distributed
+from rlx_cli.build import Parts
+from rlx_cli.checkpoint import TrainState
+from rlx_cli.guard import count_update, guarded_step, nan_injected
+from rlx_cli.microbatch import cut, place
+from rlx_cli.rollout import Rollout
+
+
+def update_step(
+    cfg,
+    parts: Parts,
+    state: TrainState,
+    step: int,
+    batch: Rollout,
+    old_logp,
+    ref_logp,
+    advantages,
+    positive,
+    old_values,
+    returns,
+    agg_mode: str,
+) -> tuple[dict[str, float], torch.Tensor | None]:
+    """``trainer.epochs`` passes of ``trainer.minibatches`` updates -> (mean train/* metrics, sampled log-probs).
+
+    ``old_logp`` None: a single update on the whole batch, whose own detached log-probs are the old ones; they
+    are returned, ``[B, T]`` with this process's rows filled (``distributed.sum_rows`` completes them), for the
+    metrics the caller takes from old log-probs (``loop.logp_metrics``). Otherwise the second value is None.
+    """
+    critic = parts.models.critic
+    totals: dict[str, float] = {}
+    count = 0
+    seen = torch.zeros_like(batch.response_mask) if old_logp is None else None
+    for _ in range(cfg.trainer.epochs):
+        for rows in distributed.minibatch_rows(batch.responses.shape[0], cfg.trainer.minibatches):
+            minibatch = batch.select(rows)
+            tensors = {
+                "old_logp": None if old_logp is None else old_logp[rows],
+                "advantages": advantages[rows],
+                "ref_logp": None if ref_logp is None else ref_logp[rows],
+                "positive": positive[rows],
+            }
+            metrics, stepped, logp = policy_update(cfg, parts, step, minibatch, tensors, agg_mode)
+            if seen is not None:
+                seen[rows] = logp
+            if critic is not None:
+                value_metrics, value_stepped = value_update(
+                    cfg, parts, minibatch, old_values[rows], returns[rows], agg_mode
+                )
+                metrics.update(value_metrics)
+                stepped = stepped and value_stepped
+            count_update(state, stepped, cfg.trainer.max_skipped)
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + v
+            count += 1
+    return {k: v / count for k, v in totals.items()}, seen
+
+
+def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dict, agg_mode: str):
+    """One optimizer step of the policy on ``minibatch`` (this process's rows) -> (metrics of the whole minibatch,
+    whether it stepped, this process's detached log-probs [b, T])."""
+    comp, engine = parts.components, parts.engine
+    kl, lm, pl = comp["kl"], comp["lm_loss"], comp["policy_loss"]
+    kl_in_loss = kl.wiring["placement"] == "loss" and kl.wiring["coef"] > 0
+    mask = minibatch.response_mask
+    normaliser = distributed.total(float(denominator(mask, mode=agg_mode)))
+    positives = distributed.total(float(positive_token_count(mask, tensors["positive"])))
+    micro = engine.micro_batches(minibatch)
+    parts.policy_optimizer.zero_grad(set_to_none=True)
+    sums = Sums()
+    logps = []
+    for mb in micro:
+        logp, entropy = parts.models.scorer(mb.batch, cfg.rollout.temperature, with_entropy=True)
+        real = mb.batch.response_mask
+        t = {name: cut(x, mb) for name, x in tensors.items()}
+        t.update(logp=logp, mask=real, old_logp=logp.detach() if t["old_logp"] is None else t["old_logp"])
+        pg_loss, pg_metrics = pl(t, agg=agg_mode)
+        entropy_mean = aggregate(entropy, real, mode=agg_mode)
+        loss = pg_loss - pl.wiring.get("entropy_coef", 0.0) * entropy_mean
+        if kl_in_loss:
+            loss = loss + kl.wiring["coef"] * aggregate(kl(t), real, mode=agg_mode)
+        weight = share(denominator(real, mode=agg_mode), normaliser, mb.padding)
+        objective = weight * loss
+        if lm.wiring["coef"] > 0:
+            lm_share = share(positive_token_count(real, t["positive"]), positives, mb.padding)
+            objective = objective + lm_share * lm.wiring["coef"] * lm(t)
+        if nan_injected(step):
+            objective = objective * math.nan
+        engine.backward(objective)
+        sums.add({"train/loss": objective.item()}, 1.0)
+        sums.add({"train/pg_loss": pg_loss.item(), "train/entropy": entropy_mean.item()}, weight)
+        sums.add({f"train/{k}": float(v) for k, v in pg_metrics.items()}, weight)
+        logps.append(logp.detach())
+    params = [p for group in parts.policy_optimizer.param_groups for p in group["params"]]
+    grad_norm = engine.step_gradients(parts.policy_optimizer, params, cfg.trainer.grad_clip)
+    loss = torch.tensor(sums.totals["train/loss"])
+    stepped = guarded_step(parts.policy_optimizer, loss, grad_norm)
+    metrics = distributed.combine({**sums.totals, "train/grad_norm": float(grad_norm) / distributed.size()})
+    real_micro = [(p, mb) for p, mb in zip(logps, micro) if not mb.padding]
+    seen = place([p for p, _ in real_micro], [mb for _, mb in real_micro], tuple(mask.shape))
+    return metrics, stepped, seen
+
+
+def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, agg_mode: str):
+    """One critic step on the value loss over ``batch`` (this process's rows; its normaliser summed over
+    processes) -> (train/value_loss, train/explained_var, ... of the whole batch; whether it stepped)."""
+    vl, engine, critic = parts.components["value_loss"], parts.engine, parts.models.critic
+    mask = batch.response_mask
+    normaliser = distributed.total(float(denominator(mask, mode=agg_mode)))
+    micro = engine.micro_batches(batch)
+    parts.critic_optimizer.zero_grad(set_to_none=True)
+    sums, all_values, total_loss = Sums(), [], 0.0
+    for mb in micro:
+        real = mb.batch.response_mask
+        with critic.active():  # a LoRA critic's adapter stays on through backward (activation checkpointing)
+            values = critic(mb.batch)
+            tensors = {"values": values, "old_values": cut(old_values, mb), "returns": cut(returns, mb), "mask": real}
+            loss, metrics = vl(tensors, agg=agg_mode)
+            weight = share(denominator(real, mode=agg_mode), normaliser, mb.padding)
+            engine.backward(weight * vl.wiring.get("coef", 1.0) * loss)
+        total_loss += weight * loss.item()
+        sums.add({"train/value_loss": loss.item()}, weight)
+        sums.add({f"train/value_{k}": float(v) for k, v in metrics.items()}, weight)
+        all_values.append(values.detach())
+    params = critic.trainable_parameters()
+    grad_norm = engine.step_gradients(parts.critic_optimizer, params, cfg.trainer.grad_clip)
+    stepped = guarded_step(parts.critic_optimizer, torch.tensor(total_loss), grad_norm)
+    real_micro = [(v, mb) for v, mb in zip(all_values, micro) if not mb.padding]
+    values = place([v for v, _ in real_micro], [mb for _, mb in real_micro], tuple(mask.shape))
+    own_share = share(denominator(mask, mode=agg_mode), normaliser, False)
+    explained = float(adv_lib.explained_variance(values, returns, mask))  # this process's rows, weighted below
+    sums.add({"train/explained_var": explained}, own_share)
+    return distributed.combine(sums.totals), stepped
+
+
+def share(part, whole: float, padding: bool) -> float:
+    """``part`` / ``whole`` of a loss normaliser (0 for a padding micro-batch or an empty whole)."""
+    return 0.0 if padding or whole == 0 else float(part) / whole
+
+
+class Sums:
+    """Weighted sums of metrics over micro-batches; ``*_max`` metrics keep their largest value instead."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, float], weight: float) -> None:
+        for k, v in metrics.items():
+            if k.endswith("_max"):
+                self.totals[k] = max(self.totals.get(k, -math.inf), v)
+            else:
+                self.totals[k] = self.totals.get(k, 0.0) + weight * v
