@@ -1,6 +1,17 @@
 """The ingredients of RL fine-tuning: pure functions over tensors, registered by group and name."""
 
-from components import advantage, kl, lam_schedule, lm_loss, loss_agg, policy_loss, registry, reward_shaping, value_loss
+from components import (
+    advantage,
+    kl,
+    lam_schedule,
+    lm_loss,
+    loss_agg,
+    policy_loss,
+    registry,
+    reward_shaping,
+    token_filter,
+    value_loss,
+)
 
 __all__ = [
     "advantage",
@@ -11,5 +22,6 @@ __all__ = [
     "policy_loss",
     "registry",
     "reward_shaping",
+    "token_filter",
     "value_loss",
 ]

@@ -1,4 +1,4 @@
-"""Masked reductions over ``[B, T]`` tensors: only entries where ``mask`` is true count.
+"""Masked reductions and selections over ``[B, T]`` tensors: only entries where ``mask`` is true count.
 
 Conventions follow verl ``verl/utils/torch_functional.py`` (``masked_mean``, ``masked_var``,
 ``masked_whiten``): the variance is unbiased (Bessel-corrected) and whitening divides by
@@ -8,6 +8,8 @@ single-entry mask returns a finite value instead of raising.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -58,3 +60,25 @@ def masked_whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: floa
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(as_bool(mask), whitened, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def share_count(n: int, ratio: float, *, round_up: bool = False) -> int:
+    """⌊ratio·n⌋ (or ⌈ratio·n⌉ with ``round_up``) of the decimal product: rounded to 9 places first, so float
+    noise cannot move it by one (0.2 · 15 = 3.0000000000000004 in floats, and ⌈·⌉ would give 4)."""
+    product = round(ratio * n, 9)
+    return math.ceil(product) if round_up else math.floor(product)
+
+
+def masked_top_k(scores: Tensor, mask: Tensor, k: int) -> Tensor:
+    """The ``k`` largest ``scores`` among the true entries of ``mask`` -> bool tensor of ``mask``'s shape.
+
+    Pooled over all entries (for ``[B, T]``: across rows). Ties are broken by position: among equal scores the
+    entry that comes first in row-major order (lower row, then earlier token) is taken, so exactly
+    ``min(k, Σmask)`` entries are true and the choice never depends on the device or the sort kernel.
+    """
+    real = as_bool(mask).flatten()
+    positions = real.nonzero().squeeze(1)  # row-major order
+    order = torch.sort(scores.detach().flatten()[positions], descending=True, stable=True).indices
+    picked = torch.zeros_like(real)
+    picked[positions[order[: max(k, 0)]]] = True
+    return picked.view(mask.shape)

@@ -1,6 +1,8 @@
 """Policy-gradient surrogate losses over per-token log-probabilities.
 
 Each loss returns ``(loss, metrics)``: a 0-d tensor to minimise and a dict of detached 0-d tensors.
+``clip_cov`` and ``kl_cov`` (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
+Language Models", arXiv 2505.22617) restrain the tokens whose centred covariance drives entropy down.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import torch
 from torch import Tensor
 
 from components.loss_agg import MODES, aggregate
-from components.masked import as_bool, masked_mean
+from components.masked import as_bool, masked_count, masked_mean, masked_top_k, share_count
 from components.registry import register
 
 
@@ -57,14 +59,173 @@ def ppo_clip(
     with torch.no_grad():
         real = as_bool(mask)
         metrics = {
-            "clip_frac_high": _fraction((advantages > 0) & (ratio > 1.0 + eps_high), real),
-            "clip_frac_low": _fraction(negative & (ratio < 1.0 - eps_low), real),
+            **_ratio_metrics(advantages, log_ratio, ratio, real, eps_low, eps_high),
             "dual_clip_frac": _fraction(negative & (ratio > clip_ratio_c), real),
-            "approx_kl": masked_mean(-log_ratio, real),
-            "ratio_mean": masked_mean(ratio, real),
-            "ratio_max": torch.where(real, ratio, 0.0).amax() if real.any() else ratio.new_zeros(()),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+@register(
+    "policy_loss",
+    "clip_cov",
+    ranges={
+        "eps_low": (0.0, 1.0),
+        "eps_high": (0.0, 1.0),
+        "clip_cov_ratio": (0.0, 1.0),
+        "clip_cov_lb": (-math.inf, math.inf),
+        "clip_cov_ub": (-math.inf, math.inf),
+    },
+    choices={"agg": MODES},
+)
+def clip_cov(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_cov_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    agg: str = "token_mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617; verl ``compute_policy_loss_clip_cov``) -> (loss, metrics).
+
+    ``logp``, ``old_logp``, ``advantages``, ``mask``: ``[B, T]``. Per token the clipped PPO loss
+    L = max(−A·r, −A·clip(r, 1 − eps_low, 1 + eps_high)), r = exp(clamp(logp − old_logp, −20, 20)), with no dual
+    clip. Cov_i = (A_i − Ā)(ℓ_i − ℓ̄), ℓ = ``logp`` detached, Ā and ℓ̄ plain means over the N real tokens.
+    Candidates: real tokens with clip_cov_lb < Cov_i < clip_cov_ub (strict) that PPO's clip has not already
+    clipped (−A·clip(r) > −A·r). A uniformly random subset of min(max(⌊clip_cov_ratio·N⌋, 1), #candidates) of
+    them gets L_i · 0 (no gradient) but stays in the ``loss_agg`` denominator. The paper's scripts set
+    eps_low = eps_high = 1 (``conf/algo/clip_cov.yaml``).
+
+    Statistics cover exactly the tensors passed in: Ā, ℓ̄, N and the pick pool every real token of the ``[B, T]``
+    batch (across rows and prompts), so they depend on how the engine splits a step into calls. rlx's loop calls
+    it once per minibatch (under torchrun, on this process's rows of it); verl on one micro-batch.
+
+    Randomness: one ``torch.randperm(#candidates)`` from torch's global CPU generator per call with a candidate
+    (none without). The engine seeds that generator from ``seed`` and restores it on resume, so the picks are
+    reproducible from the run's seed, the same on CPU and GPU.
+
+    Metrics (fractions of real tokens): ``cov_frac`` (the picked tokens), ``cov_candidate_frac``,
+    ``cov_mean`` (mean Cov_i, the batch covariance of A and ℓ), and as ``ppo_clip``: ``clip_frac_high``,
+    ``clip_frac_low``, ``approx_kl``, ``ratio_mean``, ``ratio_max``.
+    """
+    advantages = advantages.detach()
+    log_ratio = (logp - old_logp.detach()).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    per_token = torch.maximum(unclipped, clipped)
+    with torch.no_grad():
+        real = as_bool(mask)
+        cov = centred_covariance(advantages, logp, real)
+        candidates = real & ~(clipped > unclipped) & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+        count = max(share_count(int(masked_count(real)), clip_cov_ratio), 1)
+        picked = random_subset(candidates, count)
+    per_token = torch.where(picked, torch.zeros((), dtype=per_token.dtype, device=per_token.device), per_token)
+    loss = aggregate(per_token, mask, mode=agg)
+
+    with torch.no_grad():
+        metrics = {
+            "cov_frac": _fraction(picked, real),
+            "cov_candidate_frac": _fraction(candidates, real),
+            "cov_mean": masked_mean(cov, real),
+            **_ratio_metrics(advantages, log_ratio, ratio, real, eps_low, eps_high),
+        }
+    return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+@register(
+    "policy_loss",
+    "kl_cov",
+    ranges={"kl_cov_ratio": (0.0, 1.0), "kl_coef": (0.0, math.inf)},
+    choices={"agg": MODES},
+)
+def kl_cov(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    kl_cov_ratio: float = 2e-3,
+    kl_coef: float = 1.0,
+    agg: str = "token_mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """KL-Cov (Cui et al. 2025, arXiv 2505.22617; verl ``compute_policy_loss_kl_cov``) -> (loss, metrics).
+
+    ``logp``, ``old_logp``, ``advantages``, ``mask``: ``[B, T]``. Per token L = −A·r with
+    r = exp(clamp(logp − old_logp, −20, 20)) and no ratio clipping anywhere; the top max(1, ⌊kl_cov_ratio·N⌋) real
+    tokens by Cov_i = (A_i − Ā)(ℓ_i − ℓ̄) (largest first; ℓ = ``logp`` detached, Ā and ℓ̄ plain means over the N
+    real tokens) get L_i = −A_i·r_i + kl_coef·|logp_i − old_logp_i|, the absolute log-ratio (unclamped).
+    On-policy (logp = old_logp) the penalty and its gradient are 0. Defaults: the paper's 7B scripts
+    (k = 0.2 %, β = 1; verl's config default β = 0.1 differs). Aggregated by ``loss_agg.aggregate(mode=agg)``.
+
+    Statistics cover exactly the tensors passed in: Ā, ℓ̄, N and the top-k pool every real token of the
+    ``[B, T]`` batch (across rows and prompts); rlx's loop calls it once per minibatch (under torchrun, on this
+    process's rows of it), verl on one micro-batch. Ties in Cov are broken by position (the earlier token in
+    row-major order is taken; ``masked.masked_top_k``), so the selection is deterministic; no randomness.
+
+    Metrics (fractions of real tokens): ``cov_frac`` (the penalised tokens), ``cov_mean`` (mean Cov_i, the batch
+    covariance of A and ℓ), ``abs_kl`` (mean |logp − old_logp|, verl's ``ppo_kl_abs``), and as ``ppo_clip``:
+    ``approx_kl``, ``ratio_mean``, ``ratio_max``.
+    """
+    advantages = advantages.detach()
+    difference = logp - old_logp.detach()
+    log_ratio = difference.clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    with torch.no_grad():
+        real = as_bool(mask)
+        cov = centred_covariance(advantages, logp, real)
+        count = max(share_count(int(masked_count(real)), kl_cov_ratio), 1)
+        picked = masked_top_k(cov, real, count)
+    penalty = torch.where(picked, kl_coef * difference.abs(), torch.zeros((), dtype=ratio.dtype, device=ratio.device))
+    per_token = -advantages * ratio + penalty
+    loss = aggregate(per_token, mask, mode=agg)
+
+    with torch.no_grad():
+        metrics = {
+            "cov_frac": _fraction(picked, real),
+            "cov_mean": masked_mean(cov, real),
+            "abs_kl": masked_mean(difference.abs(), real),
+            **_ratio_metrics(advantages, log_ratio, ratio, real),
+        }
+    return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+def centred_covariance(advantages: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
+    """Cov_i = (A_i − Ā)(ℓ_i − ℓ̄) ``[B, T]``, Ā and ℓ̄ plain means over the real tokens of ``mask`` (all rows
+    pooled; not per sequence or group), ``logp`` detached (Cui et al. 2025, eq. for Clip-Cov/KL-Cov)."""
+    logp = logp.detach()
+    return (advantages - masked_mean(advantages, mask)) * (logp - masked_mean(logp, mask))
+
+
+def random_subset(candidates: Tensor, count: int) -> Tensor:
+    """A uniformly random subset of min(count, Σcandidates) of the true entries -> bool, ``candidates``' shape.
+
+    One ``torch.randperm`` over the candidates in row-major order, from torch's global CPU generator (seeded by
+    the engine), whenever there is a candidate; no draw otherwise.
+    """
+    flat = candidates.flatten()
+    positions = flat.nonzero().squeeze(1)
+    picked = torch.zeros_like(flat)
+    if len(positions):
+        order = torch.randperm(len(positions), generator=torch.default_generator, device="cpu")
+        picked[positions[order[:count].to(positions.device)]] = True
+    return picked.view(candidates.shape)
+
+
+def _ratio_metrics(advantages, log_ratio, ratio, real, eps_low=None, eps_high=None) -> dict[str, Tensor]:
+    """``ppo_clip``'s ratio metrics (and its clip fractions when there is a clip range) over the real tokens."""
+    metrics = {}
+    if eps_low is not None:
+        metrics["clip_frac_high"] = _fraction((advantages > 0) & (ratio > 1.0 + eps_high), real)
+        metrics["clip_frac_low"] = _fraction((advantages < 0) & (ratio < 1.0 - eps_low), real)
+    metrics["approx_kl"] = masked_mean(-log_ratio, real)
+    metrics["ratio_mean"] = masked_mean(ratio, real)
+    metrics["ratio_max"] = torch.where(real, ratio, 0.0).amax() if real.any() else ratio.new_zeros(())
+    return metrics
 
 
 def _fraction(hit: Tensor, real: Tensor) -> Tensor:

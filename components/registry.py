@@ -27,6 +27,7 @@ WIRING_KEYS: dict[str, frozenset[str]] = {
     "value_loss": frozenset({"coef"}),
     "reward_shaping": frozenset(),
     "loss_agg": frozenset(),
+    "token_filter": frozenset({"normalizer"}),  # loss_agg over the "selected" tokens (authors) or "all" (TRL)
 }
 
 

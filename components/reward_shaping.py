@@ -4,6 +4,7 @@ Running statistics live in an explicit ``state`` dict of tensors that the caller
 steps (``{}`` at first), so the functions stay pure: ``fn(scores [B], state) -> (shaped [B], new_state)``.
 The moments follow MOSS-RLHF's ``RunningMoments`` (PPO-max's code, after trlx/SB3): update with the
 batch first, then shape that batch with the updated mean and the unbiased std of every score seen.
+``overlong_penalty`` (DAPO) is a pure function of the response lengths, added to the scores before shaping.
 """
 
 from __future__ import annotations
@@ -63,3 +64,22 @@ def normalize_clip(
     state = update_moments(scores, state)
     normalised = (scores - state["mean"]) / running_std(state, eps)
     return normalised.clamp(-clip, clip).to(scores.dtype), state
+
+
+def overlong_penalty(lengths: Tensor, *, max_len: int, cache_len: int) -> Tensor:
+    """DAPO's soft overlong punishment (arXiv 2503.14476, eq. 13) -> ``[B]`` float, added to the correctness score.
+
+    ``lengths`` ``[B]``: generated tokens per response, EOS included (``mask.sum(1)``). With L_max = ``max_len``
+    and L_cache = ``cache_len``: 0 if |y| ≤ L_max − L_cache; ((L_max − L_cache) − |y|) / L_cache, from 0 down to
+    −1, if L_max − L_cache < |y| ≤ L_max; −1 beyond (impossible when answers are cut at L_max). Paper: L_max
+    20,480, L_cache 4,096. ``cache_len`` 0: no soft band, 0 up to L_max. Not a registered member (those take
+    ``(scores, state)``): the engine adds it to the scores before ``reward_shaping``, ``max_len`` defaulting to
+    ``rollout.max_new_tokens``.
+    """
+    if max_len < 1 or not 0 <= cache_len <= max_len:
+        raise ValueError(f"overlong_penalty needs max_len >= 1 and 0 <= cache_len <= max_len ({max_len}, {cache_len})")
+    lengths = lengths if lengths.is_floating_point() else lengths.float()
+    start = max_len - cache_len
+    linear = (start - lengths) / max(cache_len, 1)
+    penalty = torch.where(lengths <= max_len, linear, torch.full_like(lengths, -1.0))
+    return torch.where(lengths <= start, torch.zeros_like(lengths), penalty)

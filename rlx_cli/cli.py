@@ -163,16 +163,20 @@ def report(
     stats: bool = typer.Option(False, "--stats", help="Add Welch's t-test p and Welch's 95% CI of Δ."),
     minimize: bool = typer.Option(False, "--minimize", help="Lower is better (bold the smallest mean)."),
     seeds: str = typer.Option(None, "--seeds", help="Only these seeds, e.g. 0,1,2: every arm on the same seeds."),
+    fit: str = typer.Option(
+        None, "--fit", help="entropy: per arm a, b, R² of R = -a·exp(H) + b (H train/entropy, R --metric)."
+    ),
 ) -> None:
     """The ablation table of tracked runs: one row per arm, mean ± std over seeds, Δ vs the baseline.
 
     Examples: rlx report --study vapo-ablation · rlx report --experiment rlx --format csv --out t.csv --plots curves/
+    · rlx report --study entropy --fit entropy --metric eval/accuracy --plots fits/
     """
     from rlx_cli.report import report_command
 
     text = report_command(
         experiment=experiment, study=study, metric=metric, baseline=baseline, reduce_by=reduce, k=k, fmt=fmt,
-        out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, minimize=minimize, seeds=seeds,
+        out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, minimize=minimize, seeds=seeds, fit=fit,
     )  # fmt: skip
     if out is None:
         print(text, end="")

@@ -194,9 +194,14 @@ def report_command(
     with_stats: bool = False,
     minimize: bool = False,
     seeds: str | None = None,
+    fit: str | None = None,
 ) -> str:
-    """``rlx report``: returns the formatted table (and writes it to ``out``, the curves to ``plots``)."""
-    from rlx_cli import report_format
+    """``rlx report``: returns the formatted table (and writes it to ``out``, the curves to ``plots``).
+
+    ``fit="entropy"``: instead, per arm the fit of R = −a·exp(H) + b to (train/entropy, ``metric``)
+    (``rlx_cli/entropy_fit.py``).
+    """
+    from rlx_cli import entropy_fit, report_format
 
     if reduce_by not in REDUCE:
         raise UserError(f"--reduce {reduce_by} is not valid (valid: {', '.join(REDUCE)})")
@@ -204,12 +209,20 @@ def report_command(
         raise UserError(f"--format {fmt} is not valid (valid: {', '.join(FORMATS)})")
     if k < 1:
         raise UserError(f"--k {k} is not valid (valid: 1 or more)")
+    if fit is not None and fit not in entropy_fit.FITS:
+        raise UserError(f"--fit {fit} is not valid (valid: {', '.join(entropy_fit.FITS)})")
     extras = [m.strip() for m in (extra_metrics or "").split(",") if m.strip()]
     runs = only_seeds(load_runs(experiment, study), seeds)
     known = sorted({m for r in runs for m in r.data.metrics})
     for name in [metric, *extras]:
         if name not in known:
             raise UserError(f"no metric '{name}' in these runs (valid: {', '.join(known)})")
+    if fit is not None:
+        text = entropy_fit.fit_report(group_arms(runs), metric, known, plots)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
+        return text
     arms = group_arms(runs)
     base = pick_baseline(arms, baseline)
     _, client = connect()

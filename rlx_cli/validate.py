@@ -68,6 +68,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "lam_schedule.critic_lam": (float, 0.0, 1.0),
     "advantage.whiten": (bool, (True, False)),
     "advantage.clip": (float, 1e-6, INF),
+    "token_filter.normalizer": (str, ("selected", "all")),
 }
 
 

@@ -32,3 +32,22 @@ def test_whiten():
     assert out[0, 2].item() == 0.0  # padding comes back as 0
     unshifted = masked_whiten(X, M, shift_mean=False)
     assert torch.allclose(unshifted[M.bool()], expected + 3.0)
+
+
+def test_share_count_floor_and_ceil_of_the_decimal_product():
+    from components.masked import share_count
+
+    assert share_count(15, 0.2) == 3 and share_count(15, 0.2, round_up=True) == 3  # 3.0000000000000004
+    assert share_count(100, 0.29) == 29  # 28.999999999999996 in floats
+    assert share_count(7, 0.2) == 1 and share_count(7, 0.2, round_up=True) == 2
+    assert share_count(6, 2e-4) == 0 and share_count(0, 0.5, round_up=True) == 0
+
+
+def test_masked_top_k_pools_rows_skips_padding_breaks_ties_by_position():
+    from components.masked import masked_top_k
+
+    scores = torch.tensor([[1.0, 5.0, 2.0], [2.0, 2.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    assert masked_top_k(scores, mask, 2).tolist() == [[False, True, True], [False, False, False]]  # 5, then the 1st 2
+    assert masked_top_k(scores, mask, 10).tolist() == (mask > 0).tolist()
+    assert not masked_top_k(scores, torch.zeros(2, 3), 3).any()

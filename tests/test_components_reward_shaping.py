@@ -54,3 +54,19 @@ def test_functions_are_pure():
     scores = torch.tensor([1.0, -1.0])
     same, kept = reward_shaping.none(scores, new_state)
     assert same is scores and kept is new_state
+
+
+def test_overlong_penalty_each_branch():
+    # L_max 20, L_cache 4: 0 up to 16 tokens, then (16 − |y|)/4 down to −1 at 20, −1 beyond
+    lengths = torch.tensor([1, 16, 17, 18, 19, 20, 21, 40])
+    penalty = reward_shaping.overlong_penalty(lengths, max_len=20, cache_len=4)
+    assert penalty.tolist() == [0.0, 0.0, -0.25, -0.5, -0.75, -1.0, -1.0, -1.0]
+    assert penalty.dtype == torch.float32
+
+
+def test_overlong_penalty_without_a_soft_band_and_bad_lengths():
+    lengths = torch.tensor([20.0, 21.0])
+    assert reward_shaping.overlong_penalty(lengths, max_len=20, cache_len=0).tolist() == [0.0, -1.0]
+    assert reward_shaping.overlong_penalty(lengths, max_len=20, cache_len=20).tolist() == [-1.0, -1.0]  # 0 - 20/20
+    with pytest.raises(ValueError, match="cache_len <= max_len"):
+        reward_shaping.overlong_penalty(lengths, max_len=4, cache_len=5)

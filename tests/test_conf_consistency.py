@@ -12,12 +12,6 @@ CONF = Path(__file__).parents[1] / "conf"
 GROUPS = sorted(registry.WIRING_KEYS)
 # the engine dispatches advantage inputs by parameter name
 ADVANTAGE_INPUTS = {"token_rewards", "values", "mask", "scores", "group_index"}
-# hyperparameters the engine passes itself, so they may be absent from a YAML
-ENGINE_PASSED = {
-    ("advantage", "gae"): {"lam"},
-    ("policy_loss", "ppo_clip"): {"agg"},
-    ("value_loss", "clipped"): {"agg"},
-}
 
 
 def yamls(group):
@@ -52,7 +46,7 @@ def test_yaml_matches_function(group, path):
             continue
         assert key in defaults, f"{path}: {key} is neither a keyword-only parameter nor a wiring key"
         assert value == defaults[key], f"{path}: {key}={value!r} but the function default is {defaults[key]!r}"
-    missing = set(defaults) - set(conf) - ENGINE_PASSED.get((group, conf["name"]), set())
+    missing = set(defaults) - set(conf) - set(registry.ENGINE_SUPPLIED.get(group, {}))  # the engine passes these
     assert not missing, f"{path} leaves out {missing}"
     registry.validate(group, conf)
 
@@ -68,6 +62,8 @@ def test_wiring_keys_are_present_and_sane(group, path):
         assert isinstance(conf["whiten"], bool) and (conf["clip"] is None or conf["clip"] > 0)
     if group == "lam_schedule":
         assert conf["critic_lam"] is None or 0 <= conf["critic_lam"] <= 1
+    if group == "token_filter":
+        assert conf["normalizer"] in {"selected", "all"}
 
 
 @pytest.mark.parametrize(("group", "name"), [(g, n) for g in GROUPS for n in registry.names(g)])

@@ -26,9 +26,8 @@ OVERLAY_KEYS = {
 
 
 def test_the_expected_presets_and_overlays_exist():
-    assert {"ppo", "vc_ppo", "vapo", "grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo_max"} <= set(
-        ALGOS
-    )
+    expected = {"ppo", "vc_ppo", "vapo", "grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo_max"}
+    assert expected | {"clip_cov", "kl_cov"} <= set(ALGOS)
     assert set(group_choices()["ablate"]) == set(OVERLAY_KEYS)
 
 
@@ -75,7 +74,9 @@ def test_overlays_compose_with_each_other_and_keep_samples_per_step():
 
 
 def test_an_overlay_that_does_not_apply_is_refused():
-    for algo, ablate in [("grpo", "no_value_pretrain"), ("ppo", "no_clip_higher"), ("grpo", "no_adaptive_gae")]:
+    refused = [("grpo", "no_value_pretrain"), ("ppo", "no_clip_higher"), ("grpo", "no_adaptive_gae")]
+    refused += [("clip_cov", "no_clip_higher"), ("kl_cov", "no_clip_higher")]  # ε_low = ε_high = 1; no clip at all
+    for algo, ablate in refused:
         with pytest.raises(UserError, match=f"ablate={ablate} does not apply to algo={algo}"):
             compose([f"algo={algo}", f"+ablate={ablate}"])
 
