@@ -101,8 +101,9 @@ def clip_cov(
     eps_low = eps_high = 1 (``conf/algo/clip_cov.yaml``).
 
     Statistics cover exactly the tensors passed in: Ā, ℓ̄, N and the pick pool every real token of the ``[B, T]``
-    batch (across rows and prompts), so they depend on how the engine splits a step into calls. rlx's loop calls
-    it once per minibatch (under torchrun, on this process's rows of it); verl on one micro-batch.
+    batch (across rows and prompts), so they depend on how the engine splits a step into calls. rlx calls it once
+    per micro-batch: the rows of a minibatch that one process holds, cut to at most ``trainer.micro_batch_tokens``
+    tokens (one call per minibatch when they fit, as on the built-in tasks); verl likewise on one micro-batch.
 
     Randomness: one ``torch.randperm(#candidates)`` from torch's global CPU generator per call with a candidate
     (none without). The engine seeds that generator from ``seed`` and restores it on resume, so the picks are
@@ -163,8 +164,8 @@ def kl_cov(
     (k = 0.2 %, β = 1; verl's config default β = 0.1 differs). Aggregated by ``loss_agg.aggregate(mode=agg)``.
 
     Statistics cover exactly the tensors passed in: Ā, ℓ̄, N and the top-k pool every real token of the
-    ``[B, T]`` batch (across rows and prompts); rlx's loop calls it once per minibatch (under torchrun, on this
-    process's rows of it), verl on one micro-batch. Ties in Cov are broken by position (the earlier token in
+    ``[B, T]`` batch (across rows and prompts); rlx calls it once per micro-batch (this process's rows of a
+    minibatch, at most ``trainer.micro_batch_tokens`` tokens), verl likewise. Ties in Cov are broken by position (the earlier token in
     row-major order is taken; ``masked.masked_top_k``), so the selection is deterministic; no randomness.
 
     Metrics (fractions of real tokens): ``cov_frac`` (the penalised tokens), ``cov_mean`` (mean Cov_i, the batch

@@ -25,7 +25,7 @@ WIRING_KEYS: dict[str, frozenset[str]] = {
     "lm_loss": frozenset({"coef"}),  # μ in L = L_policy + μ·L_lm
     "policy_loss": frozenset({"entropy_coef"}),  # entropy bonus: L -= entropy_coef · H
     "value_loss": frozenset({"coef"}),
-    "reward_shaping": frozenset(),
+    "reward_shaping": frozenset({"overlong_filter"}),  # DAPO's overlong filtering: truncated answers get no loss
     "loss_agg": frozenset(),
     "token_filter": frozenset({"normalizer"}),  # loss_agg over the "selected" tokens (authors) or "all" (TRL)
 }
@@ -36,6 +36,7 @@ ENGINE_SUPPLIED: dict[str, dict[str, str]] = {
     "advantage": {"lam": "lam_schedule (lam_schedule.policy_lam, lam_schedule.alpha)"},
     "policy_loss": {"agg": "loss_agg.mode"},
     "value_loss": {"agg": "loss_agg.mode"},
+    "reward_shaping": {"max_len": "rollout.max_new_tokens"},
 }
 
 

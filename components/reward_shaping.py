@@ -83,3 +83,26 @@ def overlong_penalty(lengths: Tensor, *, max_len: int, cache_len: int) -> Tensor
     linear = (start - lengths) / max(cache_len, 1)
     penalty = torch.where(lengths <= max_len, linear, torch.full_like(lengths, -1.0))
     return torch.where(lengths <= start, torch.zeros_like(lengths), penalty)
+
+
+@register("reward_shaping", "dapo", ranges={"cache_len": (0, math.inf)})
+def dapo(
+    scores: Tensor,
+    state: dict[str, Tensor],
+    lengths: Tensor,
+    *,
+    max_len: int | None = None,
+    cache_len: int | None = None,
+    correct: float = 1.0,
+    wrong: float = -1.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DAPO's reward (arXiv 2503.14476): the verifier's score mapped to ``wrong`` .. ``correct`` (±1 in the paper;
+    linear in between for soft scores), plus the soft overlong punishment (``overlong_penalty``).
+
+    ``scores``, ``lengths``: ``[B]`` (``lengths`` counts generated tokens, EOS included). ``max_len``: the engine
+    passes ``rollout.max_new_tokens``. ``cache_len`` None: a fifth of ``max_len``, the paper's 4,096 of 20,480.
+    No running statistics: ``state`` passes through.
+    """
+    band = max_len // 5 if cache_len is None else min(cache_len, max_len)
+    shaped = wrong + (correct - wrong) * scores.to(torch.get_default_dtype())
+    return shaped + overlong_penalty(lengths, max_len=max_len, cache_len=band).to(shaped.device), state

@@ -33,7 +33,8 @@ def high_entropy(entropy: Tensor, mask: Tensor, *, top_ratio: float = 0.2) -> Te
     N·top_ratio rounded to 9 places). Exactly k tokens, unlike TRL's quantile threshold, which keeps every tie.
     Ties are broken by position: among equal entropies the earlier token in row-major order (lower row, then
     earlier position) is taken (``masked.masked_top_k``). Padding is never selected; an empty ``mask`` selects
-    nothing. The pool is exactly the tensors passed in (rlx: one minibatch, this process's rows of it).
+    nothing. The pool is exactly the tensors passed in: rlx passes one micro-batch (this process's rows of a
+    minibatch, at most ``trainer.micro_batch_tokens`` tokens; the whole minibatch when it fits).
     """
     count = int(masked_count(mask))
     if count == 0:

@@ -51,7 +51,10 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             )
             mask = batch.response_mask
             generated = time.perf_counter()
-            shaped, state.shaping = comp["reward_shaping"]({"scores": scores, "state": state.shaping})
+            shaping = comp["reward_shaping"]
+            shaped, state.shaping = shaping(
+                {"scores": scores, "state": state.shaping, "lengths": mask.sum(1)}, max_len=rollout_cfg.max_new_tokens
+            )
 
             # 3. old and reference log-probs, values, over micro-batches of this process's rows. One update on the
             #    whole batch sees the policy that sampled it: its own log-probs, detached, are the old ones (as TRL
@@ -91,15 +94,18 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             adv_first_tokens = float(masked_mean(advantages[:, :3], mask[:, :3]))  # raw: VC-PPO's bias shows here
             advantages = adv_lib.whiten_and_clip(advantages, mask, **comp["advantage"].wiring)
 
-            # 7. minibatch epochs: policy loss (+ KL in loss, entropy bonus, LM loss); value loss.
-            #    An update with a non-finite loss or gradient is skipped and counted.
+            # 7. minibatch epochs: policy loss (+ KL in loss, entropy bonus, LM loss); value loss. DAPO's overlong
+            #    filtering takes answers cut at the budget out of the loss. An update with a non-finite loss or
+            #    gradient is skipped and counted.
             positive = scores > 0
+            truncated = cut_short(batch, models.tokenizer.eos_token_id, rollout_cfg.max_new_tokens)
+            learned = batch.without_rows(truncated) if shaping.wiring["overlong_filter"] else batch
             update, seen_logp = update_step(
-                cfg, parts, state, step, batch, old_logp, ref_logp, advantages, positive, values, returns, agg_mode
+                cfg, parts, state, step, learned, old_logp, ref_logp, advantages, positive, values, returns, agg_mode
             )
             if old_logp is None:  # the update's own forward measured them
                 old_logp = distributed.sum_rows(seen_logp)
-            update.update(logp_metrics(old_logp, ref_logp, batch.sampler_logp, mask))
+            update.update(logp_metrics(old_logp, ref_logp, batch.sampler_logp, learned.response_mask))
             parts.policy_schedule.step()
             updated = time.perf_counter()
             with engine.sampling():
@@ -110,6 +116,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             metrics = {
                 "train/reward": scores.mean().item(),
                 "train/response_len": lengths.float().mean().item(),
+                "train/truncated_frac": truncated.float().mean().item(),
                 "train/adv_first_tokens": adv_first_tokens,
                 "train/policy_lam": policy_lam.float().mean().item(),
                 "train/skipped_steps": float(state.skipped),
@@ -172,6 +179,13 @@ def logp_metrics(old_logp, ref_logp, sampler_logp, mask) -> dict[str, float]:
     if sampler_logp is not None:
         metrics["rollout/logp_gap"] = float(masked_mean((old_logp - sampler_logp).abs(), mask))
     return metrics
+
+
+def cut_short(batch: Rollout, eos_id: int, max_new_tokens: int) -> torch.Tensor:
+    """[B] bool: answers that reached ``max_new_tokens`` without an EOS (cut at the budget)."""
+    lengths = batch.response_mask.sum(1).long()
+    last = batch.responses.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    return (lengths >= max_new_tokens) & (last != eos_id)
 
 
 def reuses_update_logp(cfg, kl) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 
 import torch
@@ -48,6 +49,12 @@ class Rollout:
         return Rollout(
             torch.cat([prompts, responses], 1), attention, position_ids(attention), responses, mask, texts, logp
         )
+
+    def without_rows(self, dropped: torch.Tensor) -> Rollout:
+        """The same batch with no response token left in the ``dropped`` rows ([B] bool): nothing of theirs
+        reaches a loss, yet every row keeps its place."""
+        mask = self.response_mask * (~dropped).to(self.response_mask.dtype).unsqueeze(1)
+        return dataclasses.replace(self, response_mask=mask)
 
     def select(self, rows: torch.Tensor) -> Rollout:
         def pick(v):

@@ -20,6 +20,7 @@ import math
 import torch
 
 from components import advantage as adv_lib
+from components import token_filter as filters
 from components.lm_loss import positive_token_count
 from components.loss_agg import aggregate, denominator
 from rlx_cli import distributed
@@ -82,9 +83,7 @@ def update_step(
 def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dict, agg_mode: str):
     """One optimizer step of the policy on ``minibatch`` (this process's rows) -> (metrics of the whole minibatch,
     whether it stepped, this process's detached log-probs [b, T])."""
-    comp, engine = parts.components, parts.engine
-    kl, lm, pl = comp["kl"], comp["lm_loss"], comp["policy_loss"]
-    kl_in_loss = kl.wiring["placement"] == "loss" and kl.wiring["coef"] > 0
+    comp, engine, lm = parts.components, parts.engine, parts.components["lm_loss"]
     mask = minibatch.response_mask
     normaliser = distributed.total(float(denominator(mask, mode=agg_mode)))
     positives = distributed.total(float(positive_token_count(mask, tensors["positive"])))
@@ -97,11 +96,7 @@ def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dic
         real = mb.batch.response_mask
         t = {name: cut(x, mb) for name, x in tensors.items()}
         t.update(logp=logp, mask=real, old_logp=logp.detach() if t["old_logp"] is None else t["old_logp"])
-        pg_loss, pg_metrics = pl(t, agg=agg_mode)
-        entropy_mean = aggregate(entropy, real, mode=agg_mode)
-        loss = pg_loss - pl.wiring.get("entropy_coef", 0.0) * entropy_mean
-        if kl_in_loss:
-            loss = loss + kl.wiring["coef"] * aggregate(kl(t), real, mode=agg_mode)
+        loss, metrics = micro_loss(comp, t, entropy, agg_mode)
         weight = share(denominator(real, mode=agg_mode), normaliser, mb.padding)
         objective = weight * loss
         if lm.wiring["coef"] > 0:
@@ -111,8 +106,7 @@ def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dic
             objective = objective * math.nan
         engine.backward(objective)
         sums.add({"train/loss": objective.item()}, 1.0)
-        sums.add({"train/pg_loss": pg_loss.item(), "train/entropy": entropy_mean.item()}, weight)
-        sums.add({f"train/{k}": float(v) for k, v in pg_metrics.items()}, weight)
+        sums.add(metrics, weight)
         logps.append(logp.detach())
     params = [p for group in parts.policy_optimizer.param_groups for p in group["params"]]
     grad_norm = engine.step_gradients(parts.policy_optimizer, params, cfg.trainer.grad_clip)
@@ -122,6 +116,31 @@ def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dic
     real_micro = [(p, mb) for p, mb in zip(logps, micro) if not mb.padding]
     seen = place([p for p, _ in real_micro], [mb for _, mb in real_micro], tuple(mask.shape))
     return metrics, stepped, seen
+
+
+def micro_loss(comp: dict, t: dict, entropy: torch.Tensor, agg_mode: str) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy's loss on one micro-batch, aggregated over it (``t``: its ``[b, t]`` tensors by name) -> (the
+    policy loss on the token filter's selection − entropy bonus + KL in the loss, its metrics).
+
+    The token filter (``token_filter``, from the current policy's ``entropy``) picks the tokens that carry the
+    policy gradient; its ``normalizer`` wiring key divides by the selected tokens (``selected``) or by every real
+    token (``all``, exact for every mode but ``seq_mean_token_mean``, which validation refuses).
+    """
+    kl, pl, token_filter = comp["kl"], comp["policy_loss"], comp["token_filter"]
+    real = t["mask"]
+    selected = token_filter({"entropy": entropy.detach(), "mask": real})  # [b, t] bool: all real tokens by default
+    pg_loss, pg_metrics = pl({**t, "mask": selected}, agg=agg_mode)
+    if token_filter.wiring["normalizer"] == "all":
+        pg_loss = pg_loss * share(denominator(selected, mode=agg_mode), float(denominator(real, mode=agg_mode)), False)
+    entropy_mean = aggregate(entropy, real, mode=agg_mode)
+    loss = pg_loss - pl.wiring.get("entropy_coef", 0.0) * entropy_mean
+    if kl.wiring["placement"] == "loss" and kl.wiring["coef"] > 0:
+        loss = loss + kl.wiring["coef"] * aggregate(kl(t), real, mode=agg_mode)
+    metrics = {"train/pg_loss": pg_loss.item(), "train/entropy": entropy_mean.item()}
+    metrics.update({f"train/{k}": float(v) for k, v in pg_metrics.items()})
+    if token_filter.fn is not filters.none:
+        metrics.update({f"train/{k}": float(v) for k, v in filters.selection_metrics(entropy, real, selected).items()})
+    return loss, metrics
 
 
 def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, agg_mode: str):

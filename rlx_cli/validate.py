@@ -96,6 +96,11 @@ def validate(cfg: DictConfig) -> None:
             f"model.dtype={cfg.model.dtype} needs a bf16 trainer.precision: under fp32 every weight computes in "
             "float32 (valid: model.dtype=auto or float32, or trainer.precision=bf16-mixed)"
         )
+    if cfg.token_filter.normalizer == "all" and cfg.loss_agg.mode == "seq_mean_token_mean":
+        raise UserError(
+            "token_filter.normalizer=all divides by every real token, which loss_agg.mode=seq_mean_token_mean cannot "
+            "do per row (valid: token_filter.normalizer=selected, or another loss_agg.mode)"
+        )
     if cfg.trainer.lr is None:
         raise UserError(f"trainer.lr is not set and model.lr has no rate for model.finetune={cfg.model.finetune}")
     for key in ("model.path", "critic.init"):  # critic.init may also be "policy"

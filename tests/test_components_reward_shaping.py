@@ -70,3 +70,14 @@ def test_overlong_penalty_without_a_soft_band_and_bad_lengths():
     assert reward_shaping.overlong_penalty(lengths, max_len=20, cache_len=20).tolist() == [-1.0, -1.0]  # 0 - 20/20
     with pytest.raises(ValueError, match="cache_len <= max_len"):
         reward_shaping.overlong_penalty(lengths, max_len=4, cache_len=5)
+
+
+def test_dapo_reward_by_hand():
+    # max_len 10, cache_len None -> a fifth: 2; penalty 0 up to 8 tokens, (8 - |y|) / 2 at 9 and 10
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.5])
+    lengths = torch.tensor([3, 8, 9, 10, 4])
+    shaped, state = reward_shaping.dapo(scores, {"count": torch.tensor(1.0)}, lengths, max_len=10)
+    assert torch.allclose(shaped, torch.tensor([1.0, -1.0, 1.0 - 0.5, -1.0 - 1.0, 0.0]))
+    assert state == {"count": torch.tensor(1.0)}  # no running statistics
+    shaped, _ = reward_shaping.dapo(scores, {}, lengths, max_len=10, cache_len=0, wrong=0.0)  # 0/1 and no soft band
+    assert torch.equal(shaped, scores)

@@ -27,7 +27,7 @@ OVERLAY_KEYS = {
 
 def test_the_expected_presets_and_overlays_exist():
     expected = {"ppo", "vc_ppo", "vapo", "grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo_max"}
-    assert expected | {"clip_cov", "kl_cov"} <= set(ALGOS)
+    assert expected | {"clip_cov", "kl_cov", "forking_tokens"} <= set(ALGOS)
     assert set(group_choices()["ablate"]) == set(OVERLAY_KEYS)
 
 

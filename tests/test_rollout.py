@@ -22,3 +22,21 @@ def test_char_tokenizer_round_trip_with_bos():
     assert ids[0] == tok.bos_token_id and len(ids) == 11
     assert tok.decode(ids, skip_special_tokens=True) == "12+3=15,#:"
     assert len(tok) <= 20
+
+
+def test_answers_cut_at_the_budget_and_a_batch_without_them():
+    from rlx_cli.loop import cut_short
+    from rlx_cli.rollout import Rollout, position_ids
+
+    eos, pad = 2, 0
+    # row 0 ends with EOS inside the budget of 4, row 1 is cut at 4 tokens, row 2 ends with EOS at the 4th token
+    responses = torch.tensor([[5, 2, pad, pad], [5, 6, 7, 8], [5, 6, 7, 2]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]]).float()
+    prompts = torch.ones(3, 2, dtype=torch.long)
+    attention = torch.cat([torch.ones_like(prompts), mask.long()], 1)
+    batch = Rollout(torch.cat([prompts, responses], 1), attention, position_ids(attention), responses, mask, ["a"] * 3)
+    cut = cut_short(batch, eos, max_new_tokens=4)
+    assert cut.tolist() == [False, True, False]
+    kept = batch.without_rows(cut)
+    assert kept.response_mask.tolist() == [[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
+    assert torch.equal(kept.attention_mask, batch.attention_mask)  # the row is still there, only out of the loss
