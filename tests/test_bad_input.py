@@ -32,6 +32,20 @@ def tiny_model(path: Path) -> None:
     tokenizer.save_pretrained(path)
 
 
+def softcapped_model(workdir: Path) -> None:
+    """A tiny Gemma 2, whose logits are soft-capped after the head."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from rlx_cli.base_model import VOCAB_SIZE, char_tokenizer
+
+    tokenizer = char_tokenizer()
+    config = Gemma2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=2, head_dim=8, vocab_size=VOCAB_SIZE, final_logit_softcapping=30.0,
+                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    Gemma2ForCausalLM(config).save_pretrained(workdir / "model", safe_serialization=True)
+    tokenizer.save_pretrained(workdir / "model")
+
+
 def truncated_weights(workdir: Path) -> None:
     tiny_model(workdir / "model")
     weights = workdir / "model" / "model.safetensors"
@@ -106,6 +120,16 @@ CASES = [
     ("range-seed", [*TRAIN, "seed=-1"], ["seed=-1", "0 to"], None, None),
     ("range-minibatches", [*TRAIN, "trainer.minibatches=1000"], ["trainer.minibatches"], None, None),
     ("range-max-skipped", [*TRAIN, "trainer.max_skipped=-1"], ["trainer.max_skipped"], None, None),
+    ("range-micro-batch-tokens", [*TRAIN, "trainer.micro_batch_tokens=0"], ["trainer.micro_batch_tokens=0", "1 to"],
+     None, None),
+    # precision and memory
+    ("choice-precision", [*TRAIN, "trainer.precision=fp16"], ["trainer.precision", "bf16-mixed"], None, None),
+    ("choice-strategy", [*TRAIN, "trainer.strategy=deepspeed"], ["trainer.strategy", "zero1, fsdp"], None, None),
+    ("dtype-under-fp32", [*TRAIN, "trainer.precision=fp32", "model.dtype=bfloat16"],
+     ["model.dtype=bfloat16", "trainer.precision=bf16-mixed"], None, None),
+    ("normalizer-all-per-row", [*TRAIN, "token_filter=high_entropy", "token_filter.normalizer=all",
+     "loss_agg.mode=seq_mean_token_mean"], ["token_filter.normalizer=all", "loss_agg.mode=seq_mean_token_mean"], None,
+     None),
     # processes
     ("no-cuda", [*TRAIN, "trainer.device=cuda"], ["trainer.device=cuda", "auto, cpu, cuda"], None, None),
     ("unknown-launcher", [*TRAIN, "launcher=slurm"], ["launcher 'slurm'", "torchrun"], None, None),
@@ -121,6 +145,8 @@ CASES = [
     ("model-is-a-file", [*TRAIN, "model.path=notes.txt"], ["model.path=notes.txt"], None, write("notes.txt", "hi")),
     ("model-garbage-config", [*LOAD, "model.path=model"], ["model.path=model", "config"], None, garbage_config),
     ("model-truncated-weights", [*LOAD, "model.path=model"], ["model.path=model"], None, truncated_weights),
+    ("model-softcapped-logits", [*LOAD, "model=hf", "model.path=model"], ["model.path=model", "final_logit_softcapping"],
+     None, softcapped_model),
     # dataset files
     ("data-path-unset", [*TRAIN, "task=jsonl"], ["task.path", "required"], None, None),
     ("data-missing", [*LOAD, "task=jsonl", "task.path=nope.jsonl"], ["task.path=nope.jsonl"], None, None),
