@@ -6,7 +6,7 @@
 
 ``rlx train`` runs in this process with its default tracking (MLflow, a throwaway sqlite store) and one
 thread. Model compute is the time inside HF ``generate``, every policy/reference/critic forward
-(``response_logp``, the critic), ``backward``, gradient clipping and the optimizers' ``step``; everything
+(``Scorer.forward``, the critic), ``backward``, gradient clipping and the optimizers' ``step``; everything
 else in a step (from one step's start to the next one's, logging included) is overhead. Medians over the
 steps after ``--warmup``. Start-up (imports, compose, build, the first evaluation) is reported apart.
 """
@@ -36,11 +36,10 @@ def instrument(timers: Timers) -> None:
     import torch
     from transformers.generation.utils import GenerationMixin
 
-    from rlx_cli import loop, models, track
+    from rlx_cli import logprobs, loop, models, track
 
     GenerationMixin.generate = timers.wrap(GenerationMixin.generate, "generate")
-    loop.response_logp = timers.wrap(loop.response_logp, "forward")
-    for cls in (models.Critic, models.SharedCritic):
+    for cls in (logprobs.Scorer, models.Critic):  # a LoRA critic's body runs through the policy's Scorer
         cls.forward = timers.wrap(cls.forward, "forward")
     torch.Tensor.backward = timers.wrap(torch.Tensor.backward, "backward")
     torch.optim.AdamW.step = timers.wrap(torch.optim.AdamW.step, "optimizer")

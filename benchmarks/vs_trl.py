@@ -92,11 +92,11 @@ def rlx_worker(args) -> dict:
     """``rlx train algo=grpo`` in this process, its step starts and phases timed by light wrappers."""
     import torch
 
-    from rlx_cli import loop, run
+    from rlx_cli import logprobs, loop, run
 
     timers = Timers()
     loop.sample_groups = _starting(timers, loop.sample_groups)
-    loop.response_logp = timers.wrap(loop.response_logp, "logp", when=lambda: not torch.is_grad_enabled())
+    logprobs.Scorer.forward = timers.wrap(logprobs.Scorer.forward, "logp", when=lambda: not torch.is_grad_enabled())
     _patch_generate(timers)
     out_dir = tempfile.mkdtemp(prefix="rlx-bench-")
     overrides = [
