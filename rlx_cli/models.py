@@ -136,18 +136,24 @@ def training_mode(model: nn.Module, *, checkpointing: bool) -> None:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def value_head(hidden_size: int) -> nn.Linear:
-    head = nn.Linear(hidden_size, 1)
-    nn.init.zeros_(head.weight)  # V = 0 everywhere at the start: no made-up values
-    nn.init.zeros_(head.bias)
-    return head
+class ValueHead(nn.Linear):
+    """``Linear(hidden, 1)``, zero-initialised (V = 0 everywhere at the start: no made-up values), computing in its
+    own dtype (float32 unless ``trainer.precision=bf16-true``) whatever the body's, and returning float32."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype = torch.float32):
+        super().__init__(hidden_size, 1, dtype=dtype)
+        nn.init.zeros_(self.weight)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return super().forward(hidden.to(self.weight.dtype)).float()
 
 
-def values_at_responses(hidden: torch.Tensor, head: nn.Linear, batch: Rollout) -> torch.Tensor:
-    """The value of response token t from the hidden state of the position before it -> [B, T] (a float32 head)."""
+def values_at_responses(hidden: torch.Tensor, head: ValueHead, batch: Rollout) -> torch.Tensor:
+    """The value of response token t from the hidden state of the position before it -> [B, T] float32."""
     start = batch.prompt_len - 1
     with full_precision(hidden.device):
-        return head(hidden[:, start : start + batch.responses.shape[1]].float()).squeeze(-1)
+        return head(hidden[:, start : start + batch.responses.shape[1]]).squeeze(-1)
 
 
 class Critic(nn.Module):
@@ -160,7 +166,7 @@ class Critic(nn.Module):
     def __init__(self, body: nn.Module, hidden_size: int, compute_dtype: torch.dtype | None = None):
         super().__init__()
         self.body = body
-        self.head = value_head(hidden_size)
+        self.head = ValueHead(hidden_size, next(body.parameters()).dtype)  # one dtype to train (ZeRO needs it)
         self.compute_dtype = compute_dtype
 
     @classmethod
@@ -205,7 +211,7 @@ class SharedCritic(nn.Module):
         policy = scorer.lm
         policy.add_adapter("critic", lora_config)
         self.scorer = [scorer]  # a list, so the policy's parameters are not registered twice
-        self.head = value_head(policy.get_base_model().config.hidden_size)
+        self.head = ValueHead(policy.get_base_model().config.hidden_size)
         self.use("default")
 
     def use(self, adapter: str) -> None:

@@ -51,6 +51,8 @@ def shard(models) -> None:
         for module in body.modules():
             if type(module).__name__ in layer_types:
                 fully_shard(module, mp_policy=mixed)
+        if isinstance(root, Critic):  # the value head computes in its own dtype (float32 unless bf16-true)
+            fully_shard(root.head, mp_policy=MixedPrecisionPolicy())
         fully_shard(root, mp_policy=mixed)
     warm_up(models, roots)
 

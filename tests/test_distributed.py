@@ -10,7 +10,9 @@ runs ``rlx train launcher=torchrun``.
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import socket
 
 import pytest
@@ -88,7 +90,7 @@ def one_update(model_dir, mode: str, overrides: list[str]):
         batch = parts.sampler.generate(models.policy, prompts, temperature=1.0, max_new_tokens=12)
     mask = batch.response_mask
     if "trainer.micro_batch_tokens=48" in overrides:
-        assert len(engine.micro_batches(batch)) >= 8  # the budget does split the batch
+        assert len(engine.micro_batches(batch)) >= 6, overrides  # the budget does split the batch
     old_logp, ref_logp = engine.logp(batch, 1.0), engine.logp(batch, 1.0, reference=True)
     values = engine.values(batch) if models.critic is not None else None
     noise = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
@@ -257,6 +259,15 @@ def test_strategies_train_alike_and_resume_after_sigkill(workdir):
         for name, weight in model.state_dict().items():
             if name in whole:
                 assert torch.allclose(weight, whole[name], atol=1e-4), (strategy, name)
-        import shutil
-
         shutil.rmtree(workdir / "killed")
+
+
+@pytest.mark.slow
+def test_fsdp_under_bf16_mixed_trains_a_critic(workdir):
+    """FSDP's bf16 mixed-precision policy casts what it shards; the critic's value head stays float32."""
+    out = rlx("train", "launcher=torchrun", *SHORT, "trainer.steps=2", "algo=vapo", "value_pretrain.steps=1",
+              "trainer.strategy=fsdp", "trainer.precision=bf16-mixed", "tracking=none", "trainer.output_dir=out",
+              cwd=workdir, env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    metrics = json.loads((workdir / "out" / "metrics.json").read_text())
+    assert all(math.isfinite(metrics[k]) for k in ("train/loss", "train/value_loss", "train/grad_norm"))

@@ -36,11 +36,14 @@ def test_weights_are_kept_in_the_dtype_the_precision_asks_for(model_dir, precisi
     models = build_models(model_dir, cfg.model, needs_critic=True, critic_cfg=cfg.critic, precision=precision)
     if finetune == "full":
         assert dtypes(models.policy) == {trained} and dtypes(models.reference) == {frozen}
-        assert dtypes(models.critic.body) == {trained}
+        assert dtypes(models.critic) == {trained}
     else:
         assert dtypes(models.policy, "lora_") == {trained}
         assert {p.dtype for n, p in models.policy.named_parameters() if "lora_" not in n} == {frozen}
-    assert dtypes(models.critic.head) == {torch.float32}  # the value head computes in float32
+        assert dtypes(models.critic.head) == {torch.float32}
+    torch.manual_seed(0)
+    batch = HFSampler(models.tokenizer).generate(models.policy, ["1,2:"], temperature=1.0, max_new_tokens=4)
+    assert models.critic(batch).dtype == torch.float32  # the value head computes in float32
     assert models.compute_dtype == (torch.bfloat16 if precision == "bf16-mixed" else None)
 
 
