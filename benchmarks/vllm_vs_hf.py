@@ -74,7 +74,7 @@ def lora(repeats: int) -> dict:
     engines = {
         "merged": parts.sampler,
         "adapter": VLLMSampler(parts.sampler.llm.llm_engine.model_config.model, parts.models.tokenizer, rollout,
-                               cfg.model, chat_template=False, seed=cfg.seed),
+                               cfg.model, chat_template=False, seed=cfg.seed, dtype=parts.sampler.dtype),
     }  # fmt: skip
     noise = torch.Generator().manual_seed(0)
     with torch.no_grad():

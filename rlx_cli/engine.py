@@ -78,18 +78,13 @@ class Engine:
         scorer = models.reference_scorer if reference else models.scorer
         with models.reference_context() if reference else nullcontext(), evaluating(models.policy):
             micro = self.micro_batches(batch)
-            return self._placed([scorer(m.batch, temperature)[0] for m in micro], micro, batch)
+            return place([scorer(m.batch, temperature)[0] for m in micro], micro, tuple(batch.response_mask.shape))
 
     @torch.no_grad()
     def values(self, batch: Rollout) -> Tensor:
         """The critic's values [B, T]."""
         micro = self.micro_batches(batch)
-        return self._placed([self.models.critic(m.batch) for m in micro], micro, batch)
-
-    @staticmethod
-    def _placed(parts: list[Tensor], micro: list[MicroBatch], batch: Rollout) -> Tensor:
-        real = [(p, m) for p, m in zip(parts, micro) if not m.padding]
-        return place([p for p, _ in real], [m for _, m in real], tuple(batch.response_mask.shape))
+        return place([self.models.critic(m.batch) for m in micro], micro, tuple(batch.response_mask.shape))
 
     # -- the update's mechanics ----------------------------------------------------------------------------
     def backward(self, objective: Tensor) -> None:

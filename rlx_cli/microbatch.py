@@ -85,10 +85,12 @@ def trim(batch: Rollout) -> Rollout:
 
 
 def place(parts: list[Tensor], micro: list[MicroBatch], shape: tuple[int, int]) -> Tensor:
-    """Per-micro-batch ``[b, t]`` results back into one ``[B, T]`` tensor in the batch's row order (0 elsewhere)."""
+    """Per-micro-batch ``[b, t]`` results back into one ``[B, T]`` tensor in the batch's row order (0 elsewhere;
+    a padding micro-batch's result is dropped)."""
     out = parts[0].new_zeros(shape)
     for part, mb in zip(parts, micro):
-        out[mb.rows, : part.shape[1]] = part
+        if not mb.padding:
+            out[mb.rows, : part.shape[1]] = part
     return out
 
 

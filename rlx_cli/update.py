@@ -113,9 +113,7 @@ def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dic
     loss = torch.tensor(sums.totals["train/loss"])
     stepped = guarded_step(parts.policy_optimizer, loss, grad_norm)
     metrics = distributed.combine({**sums.totals, "train/grad_norm": float(grad_norm) / distributed.size()})
-    real_micro = [(p, mb) for p, mb in zip(logps, micro) if not mb.padding]
-    seen = place([p for p, _ in real_micro], [mb for _, mb in real_micro], tuple(mask.shape))
-    return metrics, stepped, seen
+    return metrics, stepped, place(logps, micro, tuple(mask.shape))
 
 
 def micro_loss(comp: dict, t: dict, entropy: torch.Tensor, agg_mode: str) -> tuple[torch.Tensor, dict[str, float]]:
@@ -167,8 +165,7 @@ def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, agg_mod
     params = critic.trainable_parameters()
     grad_norm = engine.step_gradients(parts.critic_optimizer, params, cfg.trainer.grad_clip)
     stepped = guarded_step(parts.critic_optimizer, torch.tensor(total_loss), grad_norm)
-    real_micro = [(v, mb) for v, mb in zip(all_values, micro) if not mb.padding]
-    values = place([v for v, _ in real_micro], [mb for _, mb in real_micro], tuple(mask.shape))
+    values = place(all_values, micro, tuple(mask.shape))
     own_share = share(denominator(mask, mode=agg_mode), normaliser, False)
     explained = float(adv_lib.explained_variance(values, returns, mask))  # this process's rows, weighted below
     sums.add({"train/explained_var": explained}, own_share)
