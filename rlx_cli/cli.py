@@ -160,19 +160,26 @@ def report(
     out: Path = typer.Option(None, "--out", "-o", help="Write the table to this file instead of stdout."),
     plots: Path = typer.Option(None, "--plots", help="Write PNG learning curves (mean ± std per arm) here."),
     extra_metrics: str = typer.Option(None, "--extra-metrics", help="More columns, e.g. train/reward,perf/step_s."),
-    stats: bool = typer.Option(False, "--stats", help="Add Welch's t-test p and Welch's 95% CI of Δ."),
+    stats: bool = typer.Option(
+        False, "--stats", help="Per arm: paired t-test (shared seeds) or Welch, p, Holm's p, 95% CI of Δ, MDE at 80%."
+    ),
     minimize: bool = typer.Option(False, "--minimize", help="Lower is better (bold the smallest mean)."),
     seeds: str = typer.Option(None, "--seeds", help="Only these seeds, e.g. 0,1,2: every arm on the same seeds."),
+    power: float = typer.Option(
+        None, "--power", help="Planning: instead of the table, the seeds each arm needs to detect this Δ at 80% power."
+    ),
 ) -> None:
     """The ablation table of tracked runs: one row per arm, mean ± std over seeds, Δ vs the baseline.
 
-    Examples: rlx report --study vapo-ablation · rlx report --experiment rlx --format csv --out t.csv --plots curves/
+    Examples: rlx report --study vapo-ablation --stats · rlx report --study vapo-ablation --power 0.02 ·
+    rlx report --experiment rlx --format csv --out t.csv --plots curves/
     """
     from rlx_cli.report import report_command
 
     text = report_command(
         experiment=experiment, study=study, metric=metric, baseline=baseline, reduce_by=reduce, k=k, fmt=fmt,
         out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, minimize=minimize, seeds=seeds,
+        power=power,
     )  # fmt: skip
     if out is None:
         print(text, end="")
