@@ -44,6 +44,7 @@ class TrainState:
     skipped: int = 0  # updates skipped for a non-finite loss or gradient, in all
     skipped_in_a_row: int = 0
     run_id: str | None = None  # the MLflow run this training logs into
+    reward_errors: int = 0  # the task's verifier errors and time-outs so far, all processes: carried over a resume
 
 
 def save(output_dir: str | Path, parts: Parts, state: TrainState, keep: int) -> Path:
@@ -56,6 +57,7 @@ def save(output_dir: str | Path, parts: Parts, state: TrainState, keep: int) -> 
 
     root = Path(output_dir) / CHECKPOINTS
     target = root / f"step-{state.step:06d}"
+    state.reward_errors = int(distributed.total(parts.task.reward_errors))  # the task counts, the checkpoint keeps
     if not distributed.is_main():
         return target
     root.mkdir(parents=True, exist_ok=True)
@@ -141,7 +143,10 @@ def load(path: Path, parts: Parts) -> TrainState:
         if parts.critic_optimizer is not None:
             parts.critic_optimizer.load_state_dict(critic_optimizer)
         set_rng_states(state.pop("rng"))
-        return TrainState(**state)
+        restored = TrainState(**state)
+        if distributed.is_main():  # the count of all processes goes on in one; the metric sums them
+            parts.task.reward_errors = restored.reward_errors
+        return restored
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise UserError(

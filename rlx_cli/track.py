@@ -73,6 +73,7 @@ class MlflowTracker:
         self.mlflow = mlflow
         self.experiment, self.run_name = experiment, run_name
         self.run_id: str | None = None
+        self.stored: dict[str, set[int]] = {}  # a resumed run's metric steps already in the store
 
     def connect(self) -> None:
         """Open the store and the experiment; an unusable URI is the user's error, reported within seconds."""
@@ -87,7 +88,12 @@ class MlflowTracker:
             ) from error
 
     def start(self, cfg: DictConfig, tags: dict[str, str], run_id: str | None = None) -> None:
-        """A new run; with ``run_id`` (a resumed training) that run again, back to RUNNING, params untouched."""
+        """A new run; with ``run_id`` (a resumed training) that run again, back to RUNNING, params untouched.
+
+        A resumed run redoes the steps after its checkpoint, and the run that died may have stored some of them:
+        those (metric, step) pairs are not logged again (the redo replays the same prompts and random state,
+        so its values are the same), and every step is stored once.
+        """
         mlflow = self.mlflow
         if run_id:
             try:
@@ -98,6 +104,7 @@ class MlflowTracker:
                     f"at {tracking_uri()}: {reason(error)}"
                 ) from error
             self.run_id = run_id
+            self.stored = stored_steps(mlflow.MlflowClient(), run_id)
             return
         # `rlx sweep` workers: a child of the study's parent run (sets the tag mlflow.parentRunId)
         parent = os.environ.get("RLX_PARENT_RUN_ID") or None
@@ -112,7 +119,10 @@ class MlflowTracker:
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Queued and written by MLflow's logging thread in batches, off the training loop; ``end`` flushes it."""
-        self.mlflow.log_metrics(metrics, step=step, synchronous=False)
+        if self.stored:
+            metrics = {k: v for k, v in metrics.items() if step not in self.stored.get(k, ())}
+        if metrics:
+            self.mlflow.log_metrics(metrics, step=step, synchronous=False)
 
     def flush(self) -> None:
         """Block until every queued metric is in the store (before a checkpoint: a resume relies on it)."""
@@ -126,6 +136,13 @@ class MlflowTracker:
         if error:
             self.mlflow.set_tag("rlx.error", error[:5000])
         self.mlflow.end_run(status=status)
+
+
+def stored_steps(client, run_id: str) -> dict[str, set[int]]:
+    """metric -> the steps the run already holds."""
+    return {
+        key: {m.step for m in client.get_metric_history(run_id, key)} for key in client.get_run(run_id).data.metrics
+    }
 
 
 @contextmanager
