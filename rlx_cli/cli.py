@@ -189,6 +189,22 @@ def report(
 
 @app.command()
 @user_errors
+def status(
+    study: str = typer.Option(..., "--study", "-s", help="The study (rlx sweep/ablate --study, or its default name)."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until no point runs or waits (Ctrl-C stops)."),
+    every: float = typer.Option(5.0, "--every", help="Seconds between refreshes with --watch."),
+) -> None:
+    """Where each point of a study stands: finished, running (step x of y), stopped, failed, pending; the time left.
+
+    Examples: rlx status --study vapo-ablation · rlx status --study vapo-ablation --watch
+    """
+    from rlx_cli.status import status_command
+
+    status_command(study, watch=watch, every=every)
+
+
+@app.command()
+@user_errors
 def ui(
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Interface to bind (0.0.0.0 exposes the runs to your network)."

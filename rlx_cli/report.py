@@ -19,7 +19,7 @@ import pandas as pd
 
 from rlx_cli import stats
 from rlx_cli.errors import UserError
-from rlx_cli.sweep import SEED_KEY, STUDY_NAME, STUDY_ROLE, canonical, key_of
+from rlx_cli.study import SEED_KEY, STUDY_NAME, STUDY_ROLE, canonical, key_of
 from rlx_cli.track import tracking_uri
 
 REDUCE = ("last", "max", "mean_last_k")

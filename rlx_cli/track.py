@@ -104,7 +104,10 @@ class MlflowTracker:
                     f"at {tracking_uri()}: {reason(error)}"
                 ) from error
             self.run_id = run_id
-            self.stored = stored_steps(mlflow.MlflowClient(), run_id)
+            client = mlflow.MlflowClient()
+            if "rlx.error" in client.get_run(run_id).data.tags:  # why it stopped; it goes on now
+                client.delete_tag(run_id, "rlx.error")
+            self.stored = stored_steps(client, run_id)
             return
         # `rlx sweep` workers: a child of the study's parent run (sets the tag mlflow.parentRunId)
         parent = os.environ.get("RLX_PARENT_RUN_ID") or None
