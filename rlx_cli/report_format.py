@@ -80,8 +80,9 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
         legend += [
             ("test", TESTS),
             ("p", "two-sided p-value of that test for Δ = 0"),
-            ("p (Holm)", f"p adjusted for comparing {compared} arms with the baseline at once (Holm's step-down); "
-                         "the arms below 0.05 differ from the baseline at a family-wise error rate of 5%"),
+            ("p (Holm)", f"p adjusted for comparing {compared} arm{'s' * (compared != 1)} with the baseline at once "
+                         "(Holm's step-down); the arms below 0.05 differ from the baseline at a family-wise error "
+                         "rate of 5%"),
             ("95% CI of Δ", "that test's 95% t interval of Δ"),
             ("MDE (80%)", "minimum detectable effect: the |Δ| that test finds with 80% power at α = 0.05 for the "
                           "arm's n and the spread seen; a smaller true Δ likely goes unnoticed (rlx report --power Δ "

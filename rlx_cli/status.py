@@ -10,15 +10,18 @@ A point is
 - **pending**: no run yet (the points come from the study's ``study.json``).
 
 The time left: per running point its steps to go at its own ``perf/step_s``; per pending point a finished run's
-start-up time plus its steps at the study's median step time; the sum spread over the driver's ``--jobs``.
+start-up time (a running one's so far, until one finished) plus its steps at the study's median step time; the
+sum spread over the driver's ``--jobs``.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from rlx_cli import locks
@@ -46,7 +49,7 @@ class PointStatus:
     steps: int
     note: str = ""
     step_s: float | None = None  # its run's latest perf/step_s
-    overhead_s: float | None = None  # a finished run's wall time beyond its steps (start-up, evaluations, saving)
+    overhead_s: float | None = None  # wall time beyond its steps (start-up, evaluations, saving); so far if running
 
 
 @dataclass
@@ -66,8 +69,10 @@ class StudyStatus:
         if not step_times:
             return None
         step_s = statistics.median(step_times)
-        overheads = [p.overhead_s for p in self.points if p.overhead_s is not None]
-        overhead = statistics.median(overheads) if overheads else 0.0
+        overheads = {state: [p.overhead_s for p in self.points if p.state == state and p.overhead_s is not None]
+                     for state in ("finished", "running")}  # fmt: skip
+        known = overheads["finished"] or overheads["running"]  # a running one's so far, until one finished
+        overhead = statistics.median(known) if known else 0.0
         left = [
             (p.steps - p.step) * (p.step_s or step_s) + (0.0 if p.state == "running" else overhead)
             for p in self.points
@@ -117,14 +122,20 @@ def point_status(client, label: str, run, folder: Path | None, steps: int) -> Po
     if run is None:
         return PointStatus(label, "pending", 0, steps)
     info, step_s = run.info, run.data.metrics.get("perf/step_s")
+    started, resumed_from = attempt(folder)
     if info.status == "FINISHED":
-        overhead = (info.end_time - info.start_time) / 1000 - steps * step_s if step_s and info.end_time else None
+        end = info.end_time / 1000 if info.end_time else None
+        overhead = end - started - (steps - resumed_from) * step_s if step_s and started and end else None
         return PointStatus(label, "finished", steps, steps, step_s=step_s, overhead_s=overhead)
-    logged = client.get_metric_history(info.run_id, "train/reward")
-    step = max((m.step for m in logged), default=0)
+    logged = sorted(client.get_metric_history(info.run_id, "train/reward"), key=lambda m: m.step)
+    step = logged[-1].step if logged else 0
     alive = folder is not None and locks.held(folder / WORKER_LOCK)
     if info.status == "RUNNING" and alive:
-        return PointStatus(label, "running", step, steps, step_s=step_s)
+        this_launch = [m for m in logged if m.step > resumed_from]
+        if len(this_launch) >= 2:  # its pace, evaluations included, rather than the last step's time
+            step_s = (this_launch[-1].timestamp - this_launch[0].timestamp) / 1000 / (len(this_launch) - 1)
+        so_far = time.time() - started - (step - resumed_from) * step_s if step_s and started else None
+        return PointStatus(label, "running", step, steps, step_s=step_s, overhead_s=so_far)
     if info.status == "FAILED":
         error = run.data.tags.get("rlx.error", "").strip().splitlines()
         return PointStatus(label, "failed", step, steps, f"error: {error[-1][:200] if error else '?'}", step_s)
@@ -132,6 +143,27 @@ def point_status(client, label: str, run, folder: Path | None, steps: int) -> Po
     gone = "its worker is gone; " if info.status == "RUNNING" else ""
     then = f"goes on from its step-{checkpoint} checkpoint" if checkpoint else "starts again"
     return PointStatus(label, "stopped", step, steps, f"{gone}{then} at the next launch", step_s)
+
+
+RESUMED = re.compile(r"^resuming from .* \(step (\d+) of \d+\)")
+
+
+def attempt(folder: Path | None) -> tuple[float | None, int]:
+    """When the point's latest launch started its worker (the launcher's ``---`` line in ``worker.log``, as a
+    Unix time) and the step it resumed from (0: it started fresh)."""
+    try:
+        lines = (folder / "worker.log").read_text(errors="replace").splitlines() if folder else []
+    except OSError:
+        return None, 0
+    starts = [i for i, line in enumerate(lines) if line.startswith("--- ")]
+    if not starts:
+        return None, 0
+    try:
+        started = datetime.strptime(lines[starts[-1]][4:23], "%Y-%m-%d %H:%M:%S").timestamp()
+    except ValueError:
+        return None, 0
+    resumed = (RESUMED.match(line) for line in lines[starts[-1] :])
+    return started, next((int(m.group(1)) for m in resumed if m), 0)
 
 
 def duration(seconds: float | None) -> str:
@@ -164,23 +196,33 @@ def render(status: StudyStatus) -> str:
 
 
 def status_command(study: str, *, watch: bool = False, every: float = 5.0) -> None:
-    """Print the study's status; with ``watch``, again every ``every`` seconds until no point runs or waits."""
+    """Print the study's status; with ``watch``, again every ``every`` seconds until no point runs or waits for
+    a live driver: redrawn in place on a terminal, one snapshot after another elsewhere (a log)."""
     if every <= 0:
         raise UserError(f"--every {every} is not valid (valid: seconds between refreshes, > 0)")
-    status = gather(study)
     if not watch:
-        print(render(status), end="")
+        print(render(gather(study)), end="")
         return
-    from rich.console import Console
-    from rich.live import Live
-    from rich.text import Text
-
-    console = Console(file=sys.stdout)
     try:
-        with Live(Text(render(status)), console=console, auto_refresh=False) as live:
-            while status.count("running") or (status.driver and status.count("pending")):
-                time.sleep(every)
-                status = gather(study)
+        if not sys.stdout.isatty():
+            for status in snapshots(study, every):
+                print(render(status), flush=True)
+            return
+        from rich.console import Console
+        from rich.live import Live
+        from rich.text import Text
+
+        with Live(console=Console(file=sys.stdout), auto_refresh=False) as live:
+            for status in snapshots(study, every):
                 live.update(Text(render(status)), refresh=True)
     except KeyboardInterrupt:
-        pass
+        pass  # stops watching, not the study
+
+
+def snapshots(study: str, every: float):
+    status = gather(study)
+    yield status
+    while status.count("running") or (status.driver and status.count("pending")):
+        time.sleep(every)
+        status = gather(study)
+        yield status

@@ -134,7 +134,7 @@ def test_stats_columns(store):
     assert table["ci_low"].iloc[1] <= -0.15 <= table["ci_high"].iloc[1] and table["detectable"].iloc[1] > 0.15
     text = report_command(experiment="ablation", with_stats=True)
     assert [r[4] for r in table_rows(text)] == ["", "Welch", "–"] and "95% CI of Δ" in text  # n = 1: no test
-    assert f"{expected_p:.3f}" in text and "- p (Holm): p adjusted for comparing 1 arms" in text
+    assert f"{expected_p:.3f}" in text and "- p (Holm): p adjusted for comparing 1 arm with" in text
 
 
 # arm -> {seed: final eval/accuracy}: the first shares the baseline's seeds (paired), the second does not (Welch)

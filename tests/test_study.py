@@ -84,23 +84,28 @@ def point(index: int, seed: int, *extra: str) -> Point:
 
 
 def log_child(client, study: Study, p: Point, status: str, *, steps: int, error: str | None = None) -> str:
-    """A child run of ``study`` for point ``p`` that logged ``steps`` steps (0.5 s each), then ended ``status``."""
+    """A child run of ``study`` for point ``p``, launched 20 s ago, that logged ``steps`` steps of 0.5 s, then
+    ended ``status`` 20 s after its launch."""
+    from datetime import datetime
+
     from mlflow.entities import Metric
 
-    folder = point_folder(p, study.name)
+    folder, started = point_folder(p, study.name), float(int(time.time()) - 20)  # whole seconds, as the log has
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "worker.log").write_text(f"--- {datetime.fromtimestamp(started):%Y-%m-%d %H:%M:%S}: rlx train ...\n")
     tags = {"rlx.overrides": " ".join([*p.overrides, f"trainer.output_dir={folder}", "trainer.resume=true"]),
             "rlx.study": study.name, "rlx.seed": str(p.seed), "rlx.algo": "grpo", "rlx.ablate": "none",
             "mlflow.parentRunId": study.parent_id}  # fmt: skip
-    run_id = client.create_run(study.experiment_id, tags=tags, start_time=int(time.time() * 1000) - 20_000).info.run_id
-    metrics = [
-        Metric(k, v, 0, s) for s in range(1, steps + 1) for k, v in (("train/reward", 0.1), ("perf/step_s", 0.5))
-    ]
+    run_id = client.create_run(study.experiment_id, tags=tags, start_time=int(started * 1000) + 2000).info.run_id
+    pairs = (("train/reward", 0.1), ("perf/step_s", 0.5))
+    at = int(started * 1000) + 5000
+    metrics = [Metric(key, value, at + 500 * step, step) for step in range(1, steps + 1) for key, value in pairs]
     if metrics:
         client.log_batch(run_id, metrics=metrics)
     if error:
         client.set_tag(run_id, "rlx.error", error)
     if status != "RUNNING":
-        client.set_terminated(run_id, status)
+        client.set_terminated(run_id, status, end_time=int(started * 1000) + 20_000)
     return run_id
 
 
