@@ -59,7 +59,7 @@ class Layout:
 
 TESTS = (
     "paired: a t-test on the per-seed differences (both arms ran the same seeds, and a seed fixes the prompts "
-    "and the initial weights); Welch: an unequal-variance t-test, where the seeds differ (--seeds with the "
+    "and the random draws); Welch: an unequal-variance t-test, where the seeds differ (--seeds with the "
     "seeds they share makes it paired)"
 )
 

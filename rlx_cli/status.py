@@ -48,7 +48,7 @@ class PointStatus:
     step: int  # the last step its run logged
     steps: int
     note: str = ""
-    step_s: float | None = None  # its run's latest perf/step_s
+    step_s: float | None = None  # seconds a step: a running point's pace, else its run's latest perf/step_s
     overhead_s: float | None = None  # wall time beyond its steps (start-up, evaluations, saving); so far if running
 
 
@@ -174,7 +174,8 @@ def duration(seconds: float | None) -> str:
 
 def render(status: StudyStatus) -> str:
     counts = ", ".join(f"{status.count(s)} {s}" for s in STATES)
-    lines = [f"study '{status.study}' · experiment '{status.experiment}' · {len(status.points)} points: {counts}"]
+    n = len(status.points)
+    lines = [f"study '{status.study}' · experiment '{status.experiment}' · {n} point{'s' * (n != 1)}: {counts}"]
     waiting = status.count("stopped") + status.count("failed")
     if status.driver:
         left = duration(status.seconds_left(("running", "pending")))

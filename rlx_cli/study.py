@@ -171,9 +171,11 @@ class Study:
             return folder is not None and locks.held(folder / WORKER_LOCK)
 
         running = [r for r in self.children() if r.info.status == "RUNNING"]
-        if any(alive(r) for r in running):
-            say(f"waiting for the runs of an earlier launch whose workers still run: {sum(map(alive, running))}")
-            while any(alive(r) for r in running):
+        live = [r for r in running if alive(r)]
+        if live:
+            folders = ", ".join(str(output_folder(r.data.tags["rlx.overrides"])) for r in live)
+            say(f"waiting for an earlier launch's workers to stop ({len(live)}; they hold the locks in {folders})")
+            while any(alive(r) for r in live):
                 time.sleep(1)
             running = [r for r in self.children() if r.info.status == "RUNNING"]
         for run in running:

@@ -188,7 +188,8 @@ def test_settle_waits_for_live_workers_and_marks_dead_runs_killed(study):
     statuses = {r.info.run_id: r.info.status for r in store.children()}
     assert statuses == {alive: "KILLED", dead: "KILLED", done: "FINISHED"}
     assert "its worker died" in store.client.get_run(dead).data.tags["rlx.error"]
-    assert said[0].startswith("waiting for the runs of an earlier launch") and said[1].startswith("marked KILLED: 2")
+    assert said[0].startswith("waiting for an earlier launch's workers to stop (1; they hold the locks in")
+    assert said[1].startswith("marked KILLED: 2")
 
 
 def test_a_second_driver_on_a_running_study_is_one_line(workdir):
