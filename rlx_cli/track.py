@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -95,6 +96,7 @@ class MlflowTracker:
         so its values are the same), and every step is stored once.
         """
         mlflow = self.mlflow
+        atexit.register(self.abandon)  # before the run exists: a stop at any moment from here on is covered
         if run_id:
             try:
                 mlflow.start_run(run_id=run_id)
@@ -139,6 +141,13 @@ class MlflowTracker:
         if error:
             self.mlflow.set_tag("rlx.error", error[:5000])
         self.mlflow.end_run(status=status)
+
+    def abandon(self) -> None:
+        """At exit, a run this process left open (a second signal cut ``end`` short, a stop came while the run
+        started) ends KILLED: MLflow's own exit hook, which runs after this one, would end it FINISHED, and a
+        study would then take a half-done run for a finished one."""
+        if self.mlflow.active_run() is not None:
+            self.mlflow.end_run(status="KILLED")
 
 
 def stored_steps(client, run_id: str) -> dict[str, set[int]]:

@@ -102,6 +102,25 @@ def test_a_signal_inside_the_loop_waits_for_the_step_outside_it_stops_at_once():
     assert signal.getsignal(signal.SIGINT) is before  # handlers restored
 
 
+def test_a_repeated_sigterm_is_one_request_a_second_ctrl_c_stops_at_once():
+    """A dying sweep driver sends its worker SIGTERM once per thread of its own: the step must still finish."""
+    import os
+
+    from rlx_cli.signals import Stopped, StopRequests
+
+    with StopRequests() as stop:
+        with stop.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # the same request: no stop at once
+            assert stop.requested == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGTERM)  # still a repeat while the run ends (KILLED), not a new stop
+    with StopRequests() as stop:
+        with stop.deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            with pytest.raises(Stopped):
+                os.kill(os.getpid(), signal.SIGINT)
+
+
 @pytest.mark.slow
 def test_ctrl_c_checkpoints_marks_killed_and_a_resume_finishes_the_same_run(workdir):
     run = [*STEPS, "trainer.ckpt_every=0", "trainer.output_dir=out"]

@@ -1,5 +1,5 @@
 """Resumable studies: liveness locks, a killed driver's workers, runs left RUNNING, ``rlx status``; then a study
-whose driver and workers are SIGKILLed mid-way and launched again, against the same study run without a stop."""
+whose driver (and one worker) is SIGKILLed mid-way and launched again, against the same points run without a stop."""
 
 from __future__ import annotations
 
@@ -218,9 +218,25 @@ def in_store(folder: Path):
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
 
 
-def kill_mid_way(workdir: Path) -> list[str]:
-    """Launch the study and SIGKILL its process group (the driver and its workers, as a lost node) once one point
-    has finished and another has a checkpoint but is not done; -> the states ``rlx status`` saw just before."""
+def workers_of(pid: int) -> dict[str, int]:
+    """The worker processes of a driver, by the name of their point's folder (from Linux's /proc)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            parent = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])  # after "pid (name) state"
+            argv = (proc / "cmdline").read_bytes().decode().split("\0") if parent == pid else []
+        except (OSError, ValueError, IndexError):
+            continue  # not a process, or one that just ended
+        folder = next((a.split("=", 1)[1] for a in argv if a.startswith("trainer.output_dir=")), None)
+        if folder:
+            found[Path(folder).name] = int(proc.name)
+    return found
+
+
+def kill_mid_way(workdir: Path) -> tuple[list[str], str, str]:
+    """Launch the study; once a point has FINISHED and two run, one of them with a checkpoint and steps to go,
+    SIGKILL the other's worker (a lost process: its run stays RUNNING), then the driver (the first worker gets
+    SIGTERM, checkpoints and ends KILLED) -> (the states ``rlx status`` saw just before, the two folders' names)."""
     from rlx_cli.status import gather
     from rlx_cli.study import last_checkpoint_step
 
@@ -232,12 +248,15 @@ def kill_mid_way(workdir: Path) -> list[str]:
         done = [f for f in folders if (f / "metrics.json").exists()]
         mid = [f for f in folders if f not in done and (last_checkpoint_step(f) or 0) in range(1, 5)]
         states = [p.state for p in gather("cut").points] if done and mid else []
-        if "finished" in states and "running" in states:
-            os.killpg(driver.pid, signal.SIGKILL)
+        workers = workers_of(driver.pid) if "finished" in states and states.count("running") == 2 else {}
+        lost = next((name for name in workers if name != mid[0].name), None) if workers else None
+        if lost and mid[0].name in workers:
+            os.kill(workers[lost], signal.SIGKILL)
+            os.kill(driver.pid, signal.SIGKILL)
             driver.wait()
             while any(locks.held(f / WORKER_LOCK) for f in folders) and time.monotonic() < deadline:
                 time.sleep(0.02)  # the workers are gone once the kernel let go of their locks
-            return states
+            return states, mid[0].name, lost
         time.sleep(0.02)
     os.killpg(driver.pid, signal.SIGKILL)
     raise AssertionError("the study ended (or hung) before it could be killed mid-way")
@@ -261,8 +280,10 @@ def by_point(workdir: Path) -> dict[str, list]:
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal and /proc are Linux's")
 def test_a_killed_study_launched_again_ends_as_if_never_stopped(tmp_path, monkeypatch):
-    """Acceptance 2: 6 points, 2 jobs, the driver and its workers SIGKILLed mid-way; the same command again."""
+    """Acceptance 2: 6 points, 2 jobs; the driver SIGKILLed mid-way with one worker (the other stops by itself);
+    the same command again; then the same points run without a stop."""
     from rlx_cli.report import report_command
     from rlx_cli.status import gather
 
@@ -272,14 +293,18 @@ def test_a_killed_study_launched_again_ends_as_if_never_stopped(tmp_path, monkey
         folder.mkdir()
     monkeypatch.chdir(cut)
     in_store(cut)
-    before = kill_mid_way(cut)
-    assert "running" in before and "pending" in before, before
-    after = [p.state for p in gather("cut").points]
-    assert "finished" in after and "stopped" in after and "pending" in after, after
+    before, stopped, _ = kill_mid_way(cut)
+    assert before.count("running") == 2 and "pending" in before, before
+    after = {p.label: p for p in gather("cut").points}
+    notes = sorted(p.note for p in after.values() if p.state == "stopped")
+    assert [p.state for p in after.values()].count("stopped") == 2 and "pending" in {p.state for p in after.values()}
+    assert notes[0].startswith("goes on from its step-") and notes[1].startswith("its worker is gone; "), notes
 
     again = rlx("sweep", *STUDY, cwd=cut)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "marked KILLED" in again.stdout and "(from its checkpoint)" in again.stdout, again.stdout
+    assert "marked KILLED: 1 runs left RUNNING" in again.stdout, again.stdout  # the lost worker's
+    log = (cut / "outputs" / "sweeps" / "cut" / stopped / "worker.log").read_text()
+    assert "(from its checkpoint)" in again.stdout and "resuming from" in log.rsplit("\n--- ", 1)[1]
     finished = int(again.stdout.split(" skipped (already FINISHED)")[0].rsplit(" ", 1)[1])
     assert finished >= 1 and "6 finished" not in again.stdout
     assert [p.state for p in gather("cut").points] == ["finished"] * 6
