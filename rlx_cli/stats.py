@@ -1,7 +1,7 @@
 """Statistics for ablation tables: t-tests of an arm against the baseline, Holm's correction, power.
 
 - ``compare``: the paired t-test on per-seed differences when both arms ran the same seeds (a seed fixes the
-  prompts and the initial state, so pairing removes that noise from Δ), else Welch's unequal-variance t-test;
+  prompts and the random draws, so pairing removes that noise from Δ), else Welch's unequal-variance t-test;
   either way Δ, its t interval, p and the minimum detectable effect at 80% power.
 - ``holm``: Holm's step-down adjustment of the p-values of the arms of one table (Holm 1979).
 - ``seeds_needed``: how many seeds detect a given Δ at 80% power, from a pilot study's spread.
@@ -111,13 +111,6 @@ def _beta_fraction(a: float, b: float, x: float, *, eps: float = 1e-15, tiny: fl
     return h
 
 
-def welch_ci(a: Sequence[float], b: Sequence[float], *, level: float = 0.95) -> tuple[float, float]:
-    """Welch's confidence interval of mean(a) - mean(b): Δ ± t_{df}(level) · sqrt(s_a²/n_a + s_b²/n_b); NaN if n < 2."""
-    if len(a) < 2 or len(b) < 2:
-        return NAN, NAN
-    return _interval(*_difference(a, b), level)
-
-
 def _interval(diff: float, se: float, df: float, level: float) -> tuple[float, float]:
     half = t_quantile(1 - level, df) * se if se else 0.0  # no spread at all: the interval is a point
     return diff - half, diff + half
@@ -192,12 +185,12 @@ def nct_cdf(t: float, df: float, nc: float) -> float:
 ALPHA, POWER = 0.05, 0.8  # two-sided level and power of the tables' detectable effects and seed counts
 
 
-def power(nc: float, df: float, *, alpha: float = ALPHA) -> float:
-    """Power of a two-sided t-test at level ``alpha`` when the true effect is ``nc`` standard errors."""
-    return _power(nc, df, t_quantile(alpha, df))
+def power(nc: float, df: float, *, alpha: float = ALPHA, critical: float | None = None) -> float:
+    """Power of a two-sided t-test at level ``alpha`` when the true effect is ``nc`` standard errors.
 
-
-def _power(nc: float, df: float, critical: float) -> float:
+    ``critical``: the test's t_{df}(alpha), when the caller asks for many ``nc`` at one ``df``.
+    """
+    critical = t_quantile(alpha, df) if critical is None else critical
     return 1.0 - nct_cdf(critical, df, nc) + nct_cdf(-critical, df, nc)
 
 
@@ -210,11 +203,11 @@ def detectable(se: float, df: float, *, alpha: float = ALPHA, target: float = PO
         return NAN
     critical = t_quantile(alpha, df)
     low, high = 0.0, 1.0
-    while _power(high, df, critical) < target:
+    while power(high, df, critical=critical) < target:
         high *= 2
     for _ in range(60):
         mid = (low + high) / 2
-        low, high = (mid, high) if _power(mid, df, critical) < target else (low, mid)
+        low, high = (mid, high) if power(mid, df, critical=critical) < target else (low, mid)
     return high * se
 
 
@@ -258,7 +251,7 @@ class Comparison:
     high: float
     p: float
     detectable: float
-    variances: tuple[float, ...]
+    variances: tuple[float, ...]  # as ``seeds_needed`` takes them: (of a per-seed difference,) | (arm's, base's)
 
     @property
     def sigma(self) -> float:

@@ -93,18 +93,23 @@ def test_t_quantile_closed_forms(df, expected):
     assert stats.t_quantile(0.05, df) == pytest.approx(expected, rel=1e-6)
 
 
+def welch_of(a: list[float], b: list[float]) -> stats.Comparison:
+    """``compare`` on samples with no seed in common: Welch's test."""
+    return stats.compare({f"a{i}": x for i, x in enumerate(a)}, {f"b{i}": x for i, x in enumerate(b)})
+
+
 def test_welch_ci_by_hand():
     # a = [0.8, 0.82], b = [0.5, 0.52]: Δ 0.3, SE sqrt(0.0001 + 0.0001), df 2 -> Δ ± 4.30265 · 0.0141421
-    low, high = stats.welch_ci([0.8, 0.82], [0.5, 0.52])
+    got = welch_of([0.8, 0.82], [0.5, 0.52])
     half = math.sqrt(2 * 0.95**2 / (1 - 0.95**2)) * math.sqrt(0.0002)
-    assert (low, high) == (pytest.approx(0.3 - half), pytest.approx(0.3 + half))
+    assert got.test == "Welch" and (got.low, got.high) == (pytest.approx(0.3 - half), pytest.approx(0.3 + half))
     assert half == pytest.approx(0.060849, abs=1e-6)
     # the interval excludes 0 exactly when Welch's p < 0.05
     for a, b in (([0.5, 0.6, 0.7], [0.4, 0.45, 0.5]), ([0.5, 0.52, 0.51], [0.4, 0.45, 0.42])):
-        low, high = stats.welch_ci(a, b)
-        assert (low > 0) == (stats.welch(a, b)[2] < 0.05)
-    assert stats.welch_ci([0.6, 0.6, 0.6], [0.5, 0.5]) == (pytest.approx(0.1), pytest.approx(0.1))  # no spread
-    assert all(math.isnan(v) for v in stats.welch_ci([1.0], [1.0, 2.0]))
+        got = welch_of(a, b)
+        assert (got.low > 0) == (got.p < 0.05) and got.p == stats.welch(a, b)[2]
+    no_spread = welch_of([0.6, 0.6, 0.6], [0.5, 0.5])
+    assert (no_spread.low, no_spread.high) == (pytest.approx(0.1), pytest.approx(0.1)) and no_spread.p == 0.0
 
 
 def test_welch_ci_matches_scipy():
@@ -112,8 +117,8 @@ def test_welch_ci_matches_scipy():
     for a, b in random_pairs(1, 20, 6):
         t, df, _ = stats.welch(a, b)
         half = float(scipy_stats.t.ppf(0.975, df)) * (stats.mean(a) - stats.mean(b)) / t
-        low, high = stats.welch_ci(a, b)
-        assert high - low == pytest.approx(2 * abs(half), rel=1e-7)
+        got = welch_of(a, b)
+        assert got.high - got.low == pytest.approx(2 * abs(half), rel=1e-7)
 
 
 def random_paired(seed: int, count: int, max_n: int):
@@ -149,7 +154,7 @@ def test_compare_pairs_arms_that_share_seeds_and_matches_scipy():
 def test_compare_falls_back_to_welch_when_the_seeds_differ():
     scipy_stats = pytest.importorskip("scipy.stats")
     for a, b in random_pairs(4, 20, 6):
-        got = stats.compare({f"a{i}": x for i, x in enumerate(a)}, {f"b{i}": x for i, x in enumerate(b)})
+        got = welch_of(a, b)
         ref = scipy_stats.ttest_ind(a, b, equal_var=False)
         low, high = ref.confidence_interval(0.95)
         assert got.test == "Welch" and got.p == pytest.approx(float(ref.pvalue), abs=1e-9)
@@ -225,7 +230,7 @@ def test_compare_detectable_effect_has_80_percent_power_by_scipy():
         se = got.sigma / math.sqrt(len(a))
         assert scipy_power(got.detectable / se, len(a) - 1) == pytest.approx(0.8, abs=1e-7)
     for a, b in random_pairs(7, 5, 6):
-        got = stats.compare({f"a{i}": x for i, x in enumerate(a)}, {f"b{i}": x for i, x in enumerate(b)})
+        got = welch_of(a, b)
         _, se, df = stats._difference(a, b)
         assert scipy_power(got.detectable / se, df) == pytest.approx(0.8, abs=1e-7)
 
