@@ -183,7 +183,7 @@ class Study:
             self.client.set_tag(run.info.run_id, "rlx.error", reason)
             self.client.set_terminated(run.info.run_id, "KILLED")
         if running:
-            say(f"marked KILLED: {len(running)} runs left RUNNING by workers that died")
+            say(f"marked KILLED: {len(running)} run{'s' * (len(running) != 1)} left RUNNING by workers that died")
 
     def record(self, point: Point, overrides: list[str], returncode: int, error: str, since_ms: int) -> str:
         """The point's final status after its worker exited; a run it left RUNNING, or never reached, is FAILED.

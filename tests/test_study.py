@@ -302,7 +302,7 @@ def test_a_killed_study_launched_again_ends_as_if_never_stopped(tmp_path, monkey
 
     again = rlx("sweep", *STUDY, cwd=cut)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert "marked KILLED: 1 runs left RUNNING" in again.stdout, again.stdout  # the lost worker's
+    assert "marked KILLED: 1 run left RUNNING" in again.stdout, again.stdout  # the lost worker's
     log = (cut / "outputs" / "sweeps" / "cut" / stopped / "worker.log").read_text()
     assert "(from its checkpoint)" in again.stdout and "resuming from" in log.rsplit("\n--- ", 1)[1]
     finished = int(again.stdout.split(" skipped (already FINISHED)")[0].rsplit(" ", 1)[1])
