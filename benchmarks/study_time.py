@@ -48,7 +48,7 @@ def main() -> None:
     if args.dry_run:
         shutil.rmtree(workdir, ignore_errors=True)
         raise SystemExit(code)
-    points = sum(p.is_dir() for p in (workdir / "outputs").glob("sweeps/*/*/*"))  # a folder per point, beside logs
+    points = sum((p / "worker.log").is_file() for p in (workdir / "outputs").glob("sweeps/*/*"))  # a folder per point
     result = {
         "command": ["rlx", *argv[1:]],
         "exit_code": code,

@@ -45,6 +45,7 @@ class TrainState:
     skipped: int = 0  # updates skipped for a non-finite loss or gradient, in all
     skipped_in_a_row: int = 0
     run_id: str | None = None  # the MLflow run this training logs into
+    reward_errors: int = 0  # the task's verifier errors and time-outs so far, all processes: carried over a resume
 
 
 def save(output_dir: str | Path, parts: Parts, state: TrainState, keep: int) -> Path:
@@ -64,6 +65,7 @@ def save(output_dir: str | Path, parts: Parts, state: TrainState, keep: int) -> 
         "policy_optimizer": full_optimizer_state(parts.policy_optimizer),
         "critic_optimizer": full_optimizer_state(parts.critic_optimizer) if parts.critic_optimizer else None,
     }
+    state.reward_errors = int(distributed.total(parts.task.reward_errors))  # the task counts, the checkpoint keeps
     if not distributed.is_main():
         return target
     root.mkdir(parents=True, exist_ok=True)
@@ -148,7 +150,10 @@ def load(path: Path, parts: Parts) -> TrainState:
         if parts.critic_optimizer is not None:
             load_optimizer_state(parts.critic_optimizer, critic_optimizer)
         set_rng_states(state.pop("rng"))
-        return TrainState(**state)
+        restored = TrainState(**state)
+        if distributed.is_main():  # the count of all processes goes on in one; the metric sums them
+            parts.task.reward_errors = restored.reward_errors
+        return restored
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise UserError(

@@ -160,16 +160,22 @@ def report(
     out: Path = typer.Option(None, "--out", "-o", help="Write the table to this file instead of stdout."),
     plots: Path = typer.Option(None, "--plots", help="Write PNG learning curves (mean ± std per arm) here."),
     extra_metrics: str = typer.Option(None, "--extra-metrics", help="More columns, e.g. train/reward,perf/step_s."),
-    stats: bool = typer.Option(False, "--stats", help="Add Welch's t-test p and Welch's 95% CI of Δ."),
+    stats: bool = typer.Option(
+        False, "--stats", help="Per arm: paired t-test (shared seeds) or Welch, p, Holm's p, 95% CI of Δ, MDE at 80%."
+    ),
     minimize: bool = typer.Option(False, "--minimize", help="Lower is better (bold the smallest mean)."),
     seeds: str = typer.Option(None, "--seeds", help="Only these seeds, e.g. 0,1,2: every arm on the same seeds."),
     fit: str = typer.Option(
         None, "--fit", help="entropy: per arm a, b, R² of R = -a·exp(H) + b (H train/entropy, R --metric)."
     ),
+    power: float = typer.Option(
+        None, "--power", help="Planning: instead of the table, the seeds each arm needs to detect this Δ at 80% power."
+    ),
 ) -> None:
     """The ablation table of tracked runs: one row per arm, mean ± std over seeds, Δ vs the baseline.
 
-    Examples: rlx report --study vapo-ablation · rlx report --experiment rlx --format csv --out t.csv --plots curves/
+    Examples: rlx report --study vapo-ablation --stats · rlx report --study vapo-ablation --power 0.02 ·
+    rlx report --experiment rlx --format csv --out t.csv --plots curves/
     · rlx report --study entropy --fit entropy --metric eval/accuracy --plots fits/
     """
     from rlx_cli.report import report_command
@@ -177,11 +183,28 @@ def report(
     text = report_command(
         experiment=experiment, study=study, metric=metric, baseline=baseline, reduce_by=reduce, k=k, fmt=fmt,
         out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, minimize=minimize, seeds=seeds, fit=fit,
+        power=power,
     )  # fmt: skip
     if out is None:
         print(text, end="")
     else:
         print(f"wrote {out}")
+
+
+@app.command()
+@user_errors
+def status(
+    study: str = typer.Option(..., "--study", "-s", help="The study (rlx sweep/ablate --study, or its default name)."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until no point runs or waits (Ctrl-C stops)."),
+    every: float = typer.Option(5.0, "--every", help="Seconds between refreshes with --watch."),
+) -> None:
+    """Where each point of a study stands: finished, running (step x of y), stopped, failed, pending; the time left.
+
+    Examples: rlx status --study vapo-ablation · rlx status --study vapo-ablation --watch
+    """
+    from rlx_cli.status import status_command
+
+    status_command(study, watch=watch, every=every)
 
 
 @app.command()

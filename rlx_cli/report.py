@@ -3,7 +3,9 @@
 1. read the FINISHED runs of an experiment or a study from MLflow (any tracking URI), without study parents
 2. group them into arms by their overrides minus ``seed=`` (the latest run per seed counts)
 3. reduce each run's metric history to one number (last | max | mean_last_k), then mean ± std per arm
-4. Δ vs the baseline arm (default: the first arm without an ablation), optionally Welch p and Welch's CI
+4. Δ vs the baseline arm (default: the first arm without an ablation); with ``--stats`` per arm the paired or
+   Welch t-test, its CI, p, Holm's p across the table and the detectable effect (``stats.compare``);
+   with ``--power Δ`` instead the seeds each arm needs to detect Δ
 5. format (md | csv | tex | html, see ``report_format``) and optionally plot the curves
 """
 
@@ -17,7 +19,7 @@ import pandas as pd
 
 from rlx_cli import stats
 from rlx_cli.errors import UserError
-from rlx_cli.sweep import SEED_KEY, STUDY_NAME, STUDY_ROLE, canonical, key_of
+from rlx_cli.study import SEED_KEY, STUDY_NAME, STUDY_ROLE, canonical, key_of
 from rlx_cli.track import tracking_uri
 
 REDUCE = ("last", "max", "mean_last_k")
@@ -155,28 +157,54 @@ def reduce(points: list[tuple[int, float]], how: str, k: int) -> float | None:
     return stats.mean(values[-k:])
 
 
+def by_seed(arm: Arm, curves, metric: str, how: str, k: int) -> dict[str, float]:
+    """seed -> the run's reduced metric (runs without the metric left out)."""
+    values = {
+        r.data.tags.get("rlx.seed", r.info.run_id): reduce(curves[r.info.run_id, metric], how, k) for r in arm.runs
+    }
+    return {seed: v for seed, v in values.items() if v is not None}
+
+
 def build_table(arms, base: Arm, curves, metric: str, extras: list[str], how: str, k: int, with_stats: bool):
     """Raw numbers, one row per arm (baseline first): what every format prints."""
-    per_arm = {
-        (arm.label, m): [v for r in arm.runs if (v := reduce(curves[r.info.run_id, m], how, k)) is not None]
-        for arm in arms
-        for m in [metric, *extras]
-    }
+    per_arm = {(arm.label, m): by_seed(arm, curves, m, how, k) for arm in arms for m in [metric, *extras]}
     reference = per_arm[base.label, metric]
     rows = []
     for arm in [base] + [a for a in arms if a is not base]:
         values = per_arm[arm.label, metric]
-        row = {"arm": arm.label, "n": len(values), "mean": stats.mean(values), "std": stats.std(values)}
-        row["delta"] = row["mean"] - stats.mean(reference) if values and reference else stats.NAN
+        listed = list(values.values())
+        row = {"arm": arm.label, "n": len(values), "mean": stats.mean(listed), "std": stats.std(listed)}
+        row["delta"] = row["mean"] - stats.mean(list(reference.values())) if values and reference else stats.NAN
         if with_stats:
-            row["p_value"] = stats.welch(values, reference)[2] if arm is not base else stats.NAN
-            low, high = stats.welch_ci(values, reference) if arm is not base else (stats.NAN, stats.NAN)
-            row["ci_low"], row["ci_high"] = low, high
+            test = stats.compare(values, reference) if arm is not base else None
+            row["test"] = test.test if test else ""
+            row["p_value"] = test.p if test else stats.NAN
+            row["ci_low"], row["ci_high"] = (test.low, test.high) if test else (stats.NAN, stats.NAN)
+            row["detectable"] = test.detectable if test else stats.NAN
         for m in extras:
-            row[f"{m} mean"], row[f"{m} std"] = stats.mean(per_arm[arm.label, m]), stats.std(per_arm[arm.label, m])
+            listed = list(per_arm[arm.label, m].values())
+            row[f"{m} mean"], row[f"{m} std"] = stats.mean(listed), stats.std(listed)
         row["overrides"] = arm.key
         rows.append(row)
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    if with_stats:
+        table.insert(table.columns.get_loc("p_value") + 1, "p_holm", stats.holm(table["p_value"].tolist()))
+    return table
+
+
+def power_table(arms, base: Arm, curves, metric: str, how: str, k: int, delta: float):
+    """Per arm against the baseline: the pilot's n, test and spread, its detectable effect, the seeds Δ needs."""
+    reference = by_seed(base, curves, metric, how, k)
+    rows = []
+    for arm in [a for a in arms if a is not base]:
+        values = by_seed(arm, curves, metric, how, k)
+        test = stats.compare(values, reference)
+        needed = stats.seeds_needed(delta, test.variances) if test.test else None
+        rows.append({
+            "arm": arm.label, "n": len(values), "test": test.test, "sigma": test.sigma,
+            "detectable": test.detectable, "seeds_needed": needed, "overrides": arm.key,
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=["arm", "n", "test", "sigma", "detectable", "seeds_needed", "overrides"])
 
 
 def report_command(
@@ -195,11 +223,12 @@ def report_command(
     minimize: bool = False,
     seeds: str | None = None,
     fit: str | None = None,
+    power: float | None = None,
 ) -> str:
     """``rlx report``: returns the formatted table (and writes it to ``out``, the curves to ``plots``).
 
     ``fit="entropy"``: instead, per arm the fit of R = −a·exp(H) + b to (train/entropy, ``metric``)
-    (``rlx_cli/entropy_fit.py``).
+    (``rlx_cli/entropy_fit.py``). ``power``: instead, the seeds each arm needs to detect a Δ of that size (planning).
     """
     from rlx_cli import entropy_fit, report_format
 
@@ -211,6 +240,8 @@ def report_command(
         raise UserError(f"--k {k} is not valid (valid: 1 or more)")
     if fit is not None and fit not in entropy_fit.FITS:
         raise UserError(f"--fit {fit} is not valid (valid: {', '.join(entropy_fit.FITS)})")
+    if power is not None and not power > 0:
+        raise UserError(f"--power {power} is not valid (valid: the Δ to detect, > 0, in the metric's units, e.g. 0.02)")
     extras = [m.strip() for m in (extra_metrics or "").split(",") if m.strip()]
     runs = only_seeds(load_runs(experiment, study), seeds)
     known = sorted({m for r in runs for m in r.data.metrics})
@@ -218,16 +249,11 @@ def report_command(
         if name not in known:
             raise UserError(f"no metric '{name}' in these runs (valid: {', '.join(known)})")
     if fit is not None:
-        text = entropy_fit.fit_report(group_arms(runs), metric, known, plots)
-        if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
-        return text
+        return written(entropy_fit.fit_report(group_arms(runs), metric, known, plots), out)
     arms = group_arms(runs)
     base = pick_baseline(arms, baseline)
     _, client = connect()
     curves = histories(client, [r for a in arms for r in a.runs], [metric, *extras])
-    table = build_table(arms, base, curves, metric, extras, reduce_by, k, with_stats)
     what = reduce_by if reduce_by != "mean_last_k" else f"mean of the last {k}"
     context = report_format.Context(
         metric=metric,
@@ -238,11 +264,22 @@ def report_command(
         extras=extras,
         minimize=minimize,
     )
-    text = report_format.render(table, context, fmt)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+    if power is not None:
+        planning = power_table(arms, base, curves, metric, reduce_by, k, power)
+        text = report_format.render_power(planning, context, power, fmt)
+    else:
+        table = build_table(arms, base, curves, metric, extras, reduce_by, k, with_stats)
+        text = report_format.render(table, context, fmt)
+    written(text, out)
     if plots is not None:
         for path in report_format.plot_curves(arms, curves, [metric, *extras], plots):
             print(f"wrote {path}", flush=True)
+    return text
+
+
+def written(text: str, out: Path | None) -> str:
+    """``text``, also written to ``out`` when given."""
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
     return text

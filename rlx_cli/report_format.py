@@ -45,13 +45,51 @@ def p_value(p: float) -> str:
     return DASH if math.isnan(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
 
 
-def cells(table: pd.DataFrame, ctx: Context) -> tuple[list[str], list[list[str]], list[int]]:
-    """Headers, rows of display strings, and the row indices holding the best mean (to set in bold)."""
+@dataclass
+class Layout:
+    """A table as display strings, whatever its format: caption, header, rows, notes and a legend under it."""
+
+    caption: str
+    headers: list[str]
+    rows: list[list[str]]
+    bold: list[int]  # rows whose second cell (the metric) is set in bold
+    notes: list[str]  # lines under the table: where the runs came from, the common overrides, totals
+    legend: list[tuple[str, str]]  # (column, what it is), one per column
+
+
+TESTS = (
+    "paired: a t-test on the per-seed differences (both arms ran the same seeds, and a seed fixes the prompts "
+    "and the random draws); Welch: an unequal-variance t-test, where the seeds differ (--seeds with the "
+    "seeds they share makes it paired)"
+)
+
+
+def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
+    """The ablation table: one row per arm, the baseline first; with ``--stats`` each arm's test against it."""
     headers = ["arm", ctx.metric, "n", "Δ"]
+    legend = [
+        ("arm", "the algorithm, its ablation and the overrides that differ between arms"),
+        (ctx.metric, f"{ctx.reduce} per run, mean ± sample std over the arm's seeds; the best in bold"),
+        ("n", "seeds (one run each)"),
+        ("Δ", f"the arm's mean - the baseline's ({ctx.baseline})"),
+    ]
     has_stats = "p_value" in table.columns
     if has_stats:
-        headers += ["p (Welch)", "95% CI of Δ (Welch)"]
+        compared = int(table["p_holm"].notna().sum())
+        headers += ["test", "p", "p (Holm)", "95% CI of Δ", "MDE (80%)"]
+        legend += [
+            ("test", TESTS),
+            ("p", "two-sided p-value of that test for Δ = 0"),
+            ("p (Holm)", f"p adjusted for comparing {compared} arm{'s' * (compared != 1)} with the baseline at once "
+                         "(Holm's step-down); the arms below 0.05 differ from the baseline at a family-wise error "
+                         "rate of 5%"),
+            ("95% CI of Δ", "that test's 95% t interval of Δ"),
+            ("MDE (80%)", "minimum detectable effect: the |Δ| that test finds with 80% power at α = 0.05 for the "
+                          "arm's n and the spread seen; a smaller true Δ likely goes unnoticed (rlx report --power Δ "
+                          "says how many seeds it needs)"),
+        ]  # fmt: skip
     headers += ctx.extras
+    legend += [(m, f"{ctx.reduce} per run, mean ± sample std over seeds") for m in ctx.extras]
     rows = []
     scale = table["mean"].abs().max()
     extra_scales = {m: table[f"{m} mean"].abs().max() for m in ctx.extras}
@@ -60,36 +98,74 @@ def cells(table: pd.DataFrame, ctx: Context) -> tuple[list[str], list[list[str]]
         line = [row["arm"], mean_std(row["mean"], row["std"], scale), str(row["n"]), delta]
         if has_stats:
             low, high = signed(row["ci_low"], scale), signed(row["ci_high"], scale)
-            line += [p_value(row["p_value"]), DASH if math.isnan(row["ci_low"]) else f"[{low}, {high}]"]
+            interval = DASH if math.isnan(row["ci_low"]) else f"[{low}, {high}]"
+            test = row["test"] or (DASH if i else "")
+            line += [test, p_value(row["p_value"]), p_value(row["p_holm"]), interval, num(row["detectable"], scale)]
         line += [mean_std(row[f"{m} mean"], row[f"{m} std"], extra_scales[m]) for m in ctx.extras]
         rows.append(line)
     means = table["mean"].dropna()
     best = [] if means.empty else list(table.index[table["mean"] == (means.min() if ctx.minimize else means.max())])
-    return headers, rows, best
-
-
-def caption(ctx: Context, n_arms: int) -> str:
-    return (
-        f"{ctx.metric} ({ctx.reduce} per run): mean ± std over seeds, {n_arms} arms, Δ vs {ctx.baseline}, best in bold"
+    caption = (
+        f"{ctx.metric} ({ctx.reduce} per run): mean ± std over seeds, {len(rows)} arms, Δ vs {ctx.baseline}, "
+        "best in bold"
     )
+    return Layout(caption, headers, rows, best, footer(ctx), legend)
 
 
-def footer(ctx: Context) -> str:
+def planning(table: pd.DataFrame, ctx: Context, delta: float) -> Layout:
+    """``--power Δ``: per arm the pilot's test and spread, its detectable effect and the seeds Δ needs."""
+    scale = max(abs(delta), table["detectable"].abs().max() if len(table) else 0)
+    target = num(delta, scale)
+    headers = ["arm", "n", "test", "σ of a one-seed Δ", "MDE (80%) now", f"seeds for Δ = {target}"]
+    rows = [
+        [row["arm"], str(row["n"]), row["test"] or DASH, num(row["sigma"], scale), num(row["detectable"], scale),
+         seeds(row["seeds_needed"], row["test"])]
+        for _, row in table.iterrows()
+    ]  # fmt: skip
+    legend = [
+        ("arm", "the algorithm, its ablation and the overrides that differ between arms"),
+        ("n", "seeds this study ran (the pilot)"),
+        ("test", TESTS),
+        ("σ of a one-seed Δ", "the standard deviation of the per-seed differences (paired) or "
+                              "sqrt(s_arm² + s_baseline²) (Welch): the noise a seed adds to Δ"),
+        ("MDE (80%) now", "the |Δ| the pilot's n finds with 80% power at α = 0.05"),
+        (f"seeds for Δ = {target}", f"the fewest seeds per arm with which that test finds |Δ| = {target} with 80% "
+                                    "power at α = 0.05 (two-sided), if the spread stays what the pilot saw"),
+    ]  # fmt: skip
+    needed = [int(n) for n in table["seeds_needed"].dropna()] if len(table) else []
+    notes = footer(ctx)
+    if needed:
+        notes.append(f"every arm: {max(needed)} seeds each (the most any arm needs)")
+    caption = (
+        f"seeds needed to detect |Δ| = {target} in {ctx.metric} ({ctx.reduce} per run) vs {ctx.baseline}, "
+        "from this study's spread"
+    )
+    return Layout(caption, headers, rows, [], notes, legend)
+
+
+def seeds(needed: float | None, test: str) -> str:
+    if needed is None or (isinstance(needed, float) and math.isnan(needed)):
+        return DASH if not test else "> 100000"
+    return str(int(needed))
+
+
+def footer(ctx: Context) -> list[str]:
     parts = [ctx.source] if ctx.source else []
     if ctx.common:
         parts.append(f"common overrides: {ctx.common}")
-    return " · ".join(parts)
+    return [" · ".join(parts)] if parts else []
 
 
-def markdown(table: pd.DataFrame, ctx: Context) -> str:
-    headers, rows, best = cells(table, ctx)
-    for i in best:
+def markdown(layout: Layout) -> str:
+    rows = [list(row) for row in layout.rows]
+    for i in layout.bold:
         rows[i][1] = f"**{rows[i][1]}**"
     rows = [[cell.replace("|", "\\|") for cell in row] for row in rows]
-    align = ["left"] + ["right"] * (len(headers) - 1)
-    body = pd.DataFrame(rows, columns=headers).to_markdown(index=False, disable_numparse=True, colalign=align)
-    common = f"\n\n{footer(ctx)}" if footer(ctx) else ""
-    return f"{caption(ctx, len(rows))}\n\n{body}{common}\n"
+    align = ["left"] + ["right"] * (len(layout.headers) - 1)
+    body = pd.DataFrame(rows, columns=layout.headers).to_markdown(index=False, disable_numparse=True, colalign=align)
+    notes = "".join(f"\n\n{line}" for line in layout.notes)
+    legend = "\n".join(f"- {column}: {meaning}" for column, meaning in layout.legend)
+    return f"{layout.caption}\n\n{body}{notes}\n\nColumns:\n\n{legend}\n"
 
 
 LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
@@ -100,41 +176,39 @@ def latex_escape(text: str) -> str:
     return re.sub(r"[\\&%$#_{}~^]", lambda m: LATEX_SPECIAL[m.group()], text)
 
 
-def latex(table: pd.DataFrame, ctx: Context) -> str:
-    headers, rows, best = cells(table, ctx)
-
+def latex(layout: Layout) -> str:
     def cell(text: str) -> str:
         return latex_escape(text).replace("±", "$\\pm$").replace("Δ", "$\\Delta$").replace(DASH, "--")
 
     lines = [
-        f"% {cell(caption(ctx, len(rows)))}",
-        f"% {cell(footer(ctx))}" if footer(ctx) else None,
-        "\\begin{tabular}{l" + "r" * (len(headers) - 1) + "}",
+        f"% {cell(layout.caption)}",
+        *(f"% {cell(line)}" for line in layout.notes),
+        "\\begin{tabular}{l" + "r" * (len(layout.headers) - 1) + "}",
         "\\toprule",
-        " & ".join(cell(h) for h in headers) + " \\\\",
+        " & ".join(cell(h) for h in layout.headers) + " \\\\",
         "\\midrule",
     ]
-    for i, row in enumerate(rows):
+    for i, row in enumerate(layout.rows):
         texts = [cell(c) for c in row]
-        if i in best:
+        if i in layout.bold:
             texts[1] = f"\\textbf{{{texts[1]}}}"
         lines.append(" & ".join(texts) + " \\\\")
     lines += ["\\bottomrule", "\\end{tabular}"]
-    return "\n".join(line for line in lines if line is not None) + "\n"
+    lines += [f"% {cell(column)}: {cell(meaning)}" for column, meaning in layout.legend]
+    return "\n".join(lines) + "\n"
 
 
-def html_table(table: pd.DataFrame, ctx: Context) -> str:
-    headers, rows, best = cells(table, ctx)
-    out = ["<table>", f"<caption>{html.escape(caption(ctx, len(rows)))}</caption>", "<thead><tr>"]
-    out += [f"<th>{html.escape(h)}</th>" for h in headers] + ["</tr></thead>", "<tbody>"]
-    for i, row in enumerate(rows):
+def html_table(layout: Layout) -> str:
+    out = ["<table>", f"<caption>{html.escape(layout.caption)}</caption>", "<thead><tr>"]
+    out += [f"<th>{html.escape(h)}</th>" for h in layout.headers] + ["</tr></thead>", "<tbody>"]
+    for i, row in enumerate(layout.rows):
         texts = [html.escape(c) for c in row]
-        if i in best:
+        if i in layout.bold:
             texts[1] = f"<b>{texts[1]}</b>"
         out.append("<tr>" + "".join(f"<td>{t}</td>" for t in texts) + "</tr>")
     out += ["</tbody>", "</table>"]
-    if footer(ctx):
-        out.append(f"<p>{html.escape(footer(ctx))}</p>")
+    out += [f"<p>{html.escape(line)}</p>" for line in layout.notes]
+    out += ["<dl>", *(f"<dt>{html.escape(c)}</dt><dd>{html.escape(m)}</dd>" for c, m in layout.legend), "</dl>"]
     return "\n".join(out) + "\n"
 
 
@@ -145,8 +219,15 @@ def csv(table: pd.DataFrame, ctx: Context) -> str:
     return table.rename(columns=renamed).to_csv(index=False)
 
 
+WRITERS = {"md": markdown, "tex": latex, "html": html_table}
+
+
 def render(table: pd.DataFrame, ctx: Context, fmt: str) -> str:
-    return {"md": markdown, "csv": csv, "tex": latex, "html": html_table}[fmt](table, ctx)
+    return csv(table, ctx) if fmt == "csv" else WRITERS[fmt](ablation(table, ctx))
+
+
+def render_power(table: pd.DataFrame, ctx: Context, delta: float, fmt: str) -> str:
+    return table.to_csv(index=False) if fmt == "csv" else WRITERS[fmt](planning(table, ctx, delta))
 
 
 def plot_curves(arms: list, curves: dict, metrics: list[str], folder: Path) -> list[Path]:

@@ -1,45 +1,45 @@
-"""``rlx sweep`` and ``rlx ablate``: a grid in Hydra's multirun syntax, one ``rlx train`` per point.
+"""``rlx sweep`` and ``rlx ablate``: a grid in Hydra's multirun syntax, one ``rlx train`` per point; resumable.
 
 1. expand the overrides with Hydra's own parser and BasicSweeper (``a,b``, ``range()``, ``choice()``, ``glob()``)
 2. compose and validate every point here, so a typo fails before anything runs or is written
-3. open the MLflow store, the experiment and the study's parent run here, before any worker does
-   (workers that create a fresh SQLite store at the same moment race on its schema)
-4. skip the points the study already FINISHED (``--rerun`` runs them again)
-5. run each point as ``python -m rlx_cli train ...`` through a launcher, ``--jobs`` at a time; every run
+3. take the study's driver lock, open the MLflow store, the experiment and the study's parent run here, before
+   any worker does (workers that create a fresh SQLite store at the same moment race on its schema)
+4. settle what an earlier launch left: wait for its live workers, mark runs whose worker died KILLED
+5. skip the points the study already FINISHED (``--rerun`` runs them again); the others run in their stable
+   folders (``study.point_folder``) with ``trainer.resume=true``, so an interrupted one goes on from its checkpoint
+6. run each point as ``python -m rlx_cli train ...`` through a launcher, ``--jobs`` at a time; every run
    is a child of the study's parent run (``RLX_PARENT_RUN_ID``) tagged ``rlx.study`` (``RLX_STUDY``)
-6. a point that failed before its run existed, or was killed hard, is still recorded FAILED; then a summary
+7. a point that failed before its run existed, or was killed hard, is still recorded FAILED; then a summary
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from rlx_cli.compose import CONFIG_MODULE, choices_of, compose, explain, group_choices
 from rlx_cli.errors import UserError
 from rlx_cli.launchers import Job, check_launcher, make_launcher
-from rlx_cli.track import git_sha, tracking_uri
-
-SEED_KEY, OUTPUT_KEY = "seed", "trainer.output_dir"
-STUDY_ROLE = "study"  # tag rlx.role of a study's parent run; `rlx report` leaves those out
-STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-
-
-def key_of(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def canonical(overrides: list[str] | str) -> str:
-    """A point's identity: its override tokens sorted, without the output directory (new on every launch)."""
-    text = overrides if isinstance(overrides, str) else " ".join(overrides)
-    return " ".join(sorted(t for t in text.split() if key_of(t) != OUTPUT_KEY))
+from rlx_cli.study import (
+    SEED_KEY,
+    STUDY_NAME,
+    WORKER_LOCK,
+    Study,
+    canonical,
+    driver_lock,
+    key_of,
+    last_checkpoint_step,
+    point_folder,
+    record_points,
+    retire,
+    worker_overrides,
+)
+from rlx_cli.track import tracking_uri
 
 
 def expand(args: list[str]) -> list[list[str]]:
@@ -77,6 +77,7 @@ class Point:
     seed: int
     experiment: str
     tracked: bool
+    steps: int
 
     @property
     def key(self) -> str:
@@ -99,77 +100,12 @@ def plan(points: list[list[str]]) -> list[Point]:
         ablate = ",".join(ablations(choices)) or "none"
         tracked = cfg.tracking.name != "none"
         experiment = str(cfg.tracking.experiment)
-        planned.append(Point(index, overrides, str(choices["algo"]), ablate, int(cfg.seed), experiment, tracked))
+        algo, seed, steps = str(choices["algo"]), int(cfg.seed), int(cfg.trainer.steps)
+        planned.append(Point(index, overrides, algo, ablate, seed, experiment, tracked, steps))
     where = sorted({(p.experiment if p.tracked else "tracking=none") for p in planned})
     if len(where) > 1:
         raise UserError(f"all points of a sweep log to one experiment, these go to: {', '.join(where)}")
     return planned
-
-
-class Study:
-    """The study's parent run in its experiment, and the child runs it already holds; used in this process only."""
-
-    def __init__(self, name: str, experiment: str, command: str):
-        import logging
-
-        import mlflow
-        from mlflow.tracking import MlflowClient
-
-        for noisy in ("alembic", "mlflow"):
-            logging.getLogger(noisy).setLevel(logging.ERROR)
-        self.mlflow, self.name = mlflow, name
-        mlflow.set_tracking_uri(tracking_uri())
-        self.client = MlflowClient()
-        try:
-            found = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = found.experiment_id if found else self.client.create_experiment(experiment)
-        except Exception as error:  # noqa: BLE001 - any store failure comes from the user's URI
-            first = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise UserError(f"MLFLOW_TRACKING_URI={tracking_uri()} is not usable: {first}") from error
-        parents = [r for r in self.runs() if r.data.tags.get("rlx.role") == STUDY_ROLE]
-        if parents:  # a re-run of the study: its children stay under the same parent
-            self.parent_id = parents[0].info.run_id
-            self.client.update_run(self.parent_id, status="RUNNING")
-        else:
-            tags = {"rlx.study": name, "rlx.role": STUDY_ROLE, "rlx.command": command, "rlx.git_sha": git_sha()}
-            self.parent_id = self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
-
-    def runs(self) -> list:
-        return self.mlflow.search_runs(
-            experiment_ids=[self.experiment_id],
-            filter_string=f"tags.`rlx.study` = '{self.name}'",
-            output_format="list",
-        )
-
-    def children(self) -> list:
-        return [r for r in self.runs() if r.data.tags.get("rlx.role") != STUDY_ROLE and "rlx.overrides" in r.data.tags]
-
-    def finished(self) -> set[str]:
-        return {canonical(r.data.tags["rlx.overrides"]) for r in self.children() if r.info.status == "FINISHED"}
-
-    def record(self, point: Point, overrides: list[str], returncode: int, error: str) -> str:
-        """The final status of the point's run; a run left RUNNING, or missing, becomes FAILED."""
-        tag = " ".join(overrides)
-        mine = [r for r in self.children() if r.data.tags["rlx.overrides"] == tag]
-        run = max(mine, key=lambda r: r.info.start_time) if mine else None
-        if returncode == 0 and run is not None:
-            return run.info.status
-        if run is not None and run.info.status != "RUNNING":
-            return run.info.status
-        if run is None:  # it failed before `rlx train` opened its run
-            tags = {
-                "rlx.algo": point.algo, "rlx.ablate": point.ablate, "rlx.overrides": tag, "rlx.study": self.name,
-                "rlx.seed": str(point.seed), "rlx.git_sha": git_sha(), "mlflow.parentRunId": self.parent_id,
-            }  # fmt: skip
-            run = self.client.create_run(self.experiment_id, run_name=f"{point.algo}-s{point.seed}", tags=tags)
-        self.client.set_tag(run.info.run_id, "rlx.error", (error or f"exit code {returncode}")[:5000])
-        self.client.set_terminated(run.info.run_id, "FAILED")
-        return "FAILED"
-
-    def end(self, counts: dict[str, int], status: str) -> None:
-        for name, value in counts.items():
-            self.client.log_metric(self.parent_id, f"sweep/{name}", value)
-        self.client.set_terminated(self.parent_id, status)
 
 
 def worker_uri() -> str:
@@ -190,18 +126,6 @@ def worker_env(study: str, parent_id: str | None, jobs: int) -> dict[str, str]:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env.setdefault(var, threads)
     return env
-
-
-def with_output_dir(point: Point, sweep_dir: Path) -> list[str]:
-    """The point's overrides plus an output directory of its own (parallel runs must not share one).
-
-    ``sweep_dir`` is ``outputs/sweeps/<study>/<date>_<time>``; a given ``trainer.output_dir=D`` becomes
-    ``D/<date>_<time>/<index>``, so a re-run never lands on an earlier run's checkpoints.
-    """
-    given = [o for o in point.overrides if key_of(o) == OUTPUT_KEY]
-    base = f"{given[-1].split('=', 1)[1]}/{sweep_dir.name}" if given else str(sweep_dir)
-    rest = [o for o in point.overrides if key_of(o) != OUTPUT_KEY]
-    return [*rest, f"{OUTPUT_KEY}={base}/{point.index:03d}"]
 
 
 def last_line(log: Path) -> str:
@@ -234,31 +158,35 @@ def execute(
             print(f"  {point.index:03d}  {' '.join(point.overrides)}")
         return 0
     check_launcher(launcher)
-    store = Study(study, experiment, command) if experiment else None
-    done = store.finished() if store and not rerun else set()
-    todo = [p for p in points if p.key not in done]
-    skipped = len(points) - len(todo)
-    sweep_dir = Path("outputs") / "sweeps" / study / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
-    runner = make_launcher(launcher, jobs, sweep_dir)
-    common = set.intersection(*(set(p.overrides) for p in points))
-    print(
-        f"{title}: study '{study}': {len(todo)} to run, {skipped} skipped (already FINISHED), "
-        f"{runner.describe()}; {where}; logs in {sweep_dir}\n"
-        f"common overrides: {' '.join(o for o in points[0].overrides if o in common)}",
-        flush=True,
-    )
-    env = worker_env(study, store.parent_id if store else None, jobs)
-    counts, started, status = {"finished": 0, "failed": 0, "skipped": skipped}, time.perf_counter(), "FINISHED"
-    try:
-        run_all(todo, runner, env, sweep_dir, store, common, counts)
-    except KeyboardInterrupt:
-        status = "KILLED"
-        print(f"{title}: interrupted; runs in progress end KILLED, the rest did not start", file=sys.stderr)
-        raise
-    finally:
-        runner.close()
-        if store:
-            store.end(counts, status if status == "KILLED" else ("FAILED" if counts["failed"] else "FINISHED"))
+    folders = {p.index: point_folder(p, study) for p in points}
+    home = folders[points[0].index].parent  # the study's folder: its driver lock and study.json
+    with driver_lock(home, study):
+        store = Study(study, experiment, command, home, jobs) if experiment else None
+        record_points(home, study, points, folders)
+        todo = pending(points, folders, store, rerun, say=lambda line: print(f"{title}: {line}", flush=True))
+        resumed = {p.index for p in todo if last_checkpoint_step(folders[p.index]) is not None}
+        runner = make_launcher(launcher, jobs, home)
+        common = set.intersection(*(set(p.overrides) for p in points))
+        skipped = len(points) - len(todo)
+        print(
+            f"{title}: study '{study}': {len(todo)} to run ({len(resumed)} going on from their checkpoints), "
+            f"{skipped} skipped (already FINISHED), {runner.describe()}; {where}; "
+            f"outputs and logs in {home}/\ncommon overrides: {' '.join(o for o in points[0].overrides if o in common)}",
+            flush=True,
+        )
+        env = worker_env(study, store.parent_id if store else None, jobs)
+        counts = {"finished": 0, "failed": 0, "skipped": skipped}
+        started, status = time.perf_counter(), "FINISHED"
+        try:
+            run_all(todo, runner, env, folders, resumed, store, common, counts)
+        except KeyboardInterrupt:
+            status = "KILLED"
+            print(f"{title}: interrupted; runs in progress end KILLED, the rest did not start", file=sys.stderr)
+            raise
+        finally:
+            runner.close()
+            if store:
+                store.end(counts, status if status == "KILLED" else ("FAILED" if counts["failed"] else "FINISHED"))
     minutes = (time.perf_counter() - started) / 60
     print(
         f"{title}: {counts['finished']} finished, {counts['failed']} failed, {counts['skipped']} skipped "
@@ -267,18 +195,38 @@ def execute(
     return 1 if counts["failed"] else 0
 
 
-def run_all(todo: list[Point], runner, env: dict, sweep_dir: Path, store, common: set, counts: dict) -> None:
+def pending(points: list[Point], folders: dict[int, Path], store: Study | None, rerun: bool, say) -> list[Point]:
+    """The points this launch runs: all but the FINISHED ones (with ``--rerun`` all, their old folders moved aside).
+
+    First what an earlier launch left RUNNING is settled (``Study.settle``).
+    """
+    if store is None:  # without MLflow, a point's final metrics.json says it finished
+        done = {p.key for p in points if (folders[p.index] / "metrics.json").is_file()}
+    else:
+        store.settle(say)
+        done = store.finished()
+    if rerun:
+        for point in points:
+            if point.key in done:
+                retire(folders[point.index])
+        done = set()
+    return [p for p in points if p.key not in done]
+
+
+def run_all(todo, runner, env: dict, folders: dict, resumed: set, store, common: set, counts: dict) -> None:
     """Up to ``--jobs`` points at once; each result is recorded and printed as it comes in."""
     pool = ThreadPoolExecutor(max_workers=runner.jobs)
     futures = {}
     try:
         for point in todo:
-            overrides = with_output_dir(point, sweep_dir)
-            log = (sweep_dir / f"{point.index:03d}.log").resolve()
-            job = Job([sys.executable, "-m", "rlx_cli", "train", *overrides], env, os.getcwd(), str(log))
-            futures[pool.submit(timed, runner.call, job)] = (point, overrides, log)
+            folder = folders[point.index]
+            overrides = worker_overrides(point, folder)
+            log, lock = (folder / "worker.log").resolve(), (folder / WORKER_LOCK).resolve()
+            job = Job([sys.executable, "-m", "rlx_cli", "train", *overrides], env, os.getcwd(), str(log), str(lock))
+            since_ms = int(time.time() * 1000)
+            futures[pool.submit(timed, runner.call, job)] = (point, overrides, log, since_ms)
         for n, future in enumerate(as_completed(futures), 1):
-            point, overrides, log = futures[future]
+            point, overrides, log, since_ms = futures[future]
             try:
                 returncode, seconds = future.result()
             except Exception as error:  # noqa: BLE001 - a launcher failure fails this point only
@@ -287,12 +235,13 @@ def run_all(todo: list[Point], runner, env: dict, sweep_dir: Path, store, common
                 with log.open("a") as out:
                     out.write(f"launcher error: {type(error).__name__}: {error}\n")
             error = last_line(log) if returncode else ""
-            result = store.record(point, overrides, returncode, error) if store else None
+            result = store.record(point, overrides, returncode, error, since_ms) if store else None
             result = result or ("FINISHED" if returncode == 0 else "FAILED")
             counts["finished" if result == "FINISHED" else "failed"] += 1
             detail = f"  ({seconds:.0f} s)" if result == "FINISHED" else f"  exit {returncode}: {error}  [{log}]"
             shown = " ".join(o for o in point.overrides if o not in common) or " ".join(point.overrides)
-            print(f"[{n}/{len(todo)}] {result:<8} {shown}{detail}", flush=True)
+            went_on = " (from its checkpoint)" if point.index in resumed else ""
+            print(f"[{n}/{len(todo)}] {result:<8} {shown}{went_on}{detail}", flush=True)
     except KeyboardInterrupt:
         pool.shutdown(wait=False, cancel_futures=True)  # points not started yet never start
         runner.interrupt()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -73,6 +74,7 @@ class MlflowTracker:
         self.mlflow = mlflow
         self.experiment, self.run_name = experiment, run_name
         self.run_id: str | None = None
+        self.stored: dict[str, set[int]] = {}  # a resumed run's metric steps already in the store
 
     def connect(self) -> None:
         """Open the store and the experiment; an unusable URI is the user's error, reported within seconds."""
@@ -87,8 +89,14 @@ class MlflowTracker:
             ) from error
 
     def start(self, cfg: DictConfig, tags: dict[str, str], run_id: str | None = None) -> None:
-        """A new run; with ``run_id`` (a resumed training) that run again, back to RUNNING, params untouched."""
+        """A new run; with ``run_id`` (a resumed training) that run again, back to RUNNING, params untouched.
+
+        A resumed run redoes the steps after its checkpoint, and the run that died may have stored some of them:
+        those (metric, step) pairs are not logged again (the redo replays the same prompts and random state,
+        so its values are the same), and every step is stored once.
+        """
         mlflow = self.mlflow
+        atexit.register(self.abandon)  # before the run exists: a stop at any moment from here on is covered
         if run_id:
             try:
                 mlflow.start_run(run_id=run_id)
@@ -98,6 +106,10 @@ class MlflowTracker:
                     f"at {tracking_uri()}: {reason(error)}"
                 ) from error
             self.run_id = run_id
+            client = mlflow.MlflowClient()
+            if "rlx.error" in client.get_run(run_id).data.tags:  # why it stopped; it goes on now
+                client.delete_tag(run_id, "rlx.error")
+            self.stored = stored_steps(client, run_id)
             return
         # `rlx sweep` workers: a child of the study's parent run (sets the tag mlflow.parentRunId)
         parent = os.environ.get("RLX_PARENT_RUN_ID") or None
@@ -112,7 +124,10 @@ class MlflowTracker:
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Queued and written by MLflow's logging thread in batches, off the training loop; ``end`` flushes it."""
-        self.mlflow.log_metrics(metrics, step=step, synchronous=False)
+        if self.stored:
+            metrics = {k: v for k, v in metrics.items() if step not in self.stored.get(k, ())}
+        if metrics:
+            self.mlflow.log_metrics(metrics, step=step, synchronous=False)
 
     def flush(self) -> None:
         """Block until every queued metric is in the store (before a checkpoint: a resume relies on it)."""
@@ -126,6 +141,20 @@ class MlflowTracker:
         if error:
             self.mlflow.set_tag("rlx.error", error[:5000])
         self.mlflow.end_run(status=status)
+
+    def abandon(self) -> None:
+        """At exit, a run this process left open (a second signal cut ``end`` short, a stop came while the run
+        started) ends KILLED: MLflow's own exit hook, which runs after this one, would end it FINISHED, and a
+        study would then take a half-done run for a finished one."""
+        if self.mlflow.active_run() is not None:
+            self.mlflow.end_run(status="KILLED")
+
+
+def stored_steps(client, run_id: str) -> dict[str, set[int]]:
+    """metric -> the steps the run already holds."""
+    return {
+        key: {m.step for m in client.get_metric_history(run_id, key)} for key in client.get_run(run_id).data.metrics
+    }
 
 
 @contextmanager

@@ -159,6 +159,8 @@ CASES = [
     # tracking, reports, the UI
     ("tracking-unreachable", TRAIN, ["MLFLOW_TRACKING_URI=http://127.0.0.1:9"], UNREACHABLE, None),
     ("report-unknown-experiment", ["report", "--experiment", "nope"], ["nope"], None, an_experiment),
+    ("report-power", ["report", "--experiment", "other", "--power", "0"], ["--power 0.0", "> 0"], None, an_experiment),
+    ("status-unknown-study", ["status", "--study", "nope"], ["no study 'nope'", "(none)"], None, an_experiment),
     ("ui-port", ["ui", "--port", "70000"], ["--port", "65535"], None, None),
     # output directory and checkpoints
     ("output-dir-has-checkpoints", TRAIN, ["trainer.output_dir=out", "trainer.resume=true"], None,

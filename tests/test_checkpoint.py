@@ -102,6 +102,25 @@ def test_a_signal_inside_the_loop_waits_for_the_step_outside_it_stops_at_once():
     assert signal.getsignal(signal.SIGINT) is before  # handlers restored
 
 
+def test_a_repeated_sigterm_is_one_request_a_second_ctrl_c_stops_at_once():
+    """A dying sweep driver sends its worker SIGTERM once per thread of its own: the step must still finish."""
+    import os
+
+    from rlx_cli.signals import Stopped, StopRequests
+
+    with StopRequests() as stop:
+        with stop.deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # the same request: no stop at once
+            assert stop.requested == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGTERM)  # still a repeat while the run ends (KILLED), not a new stop
+    with StopRequests() as stop:
+        with stop.deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            with pytest.raises(Stopped):
+                os.kill(os.getpid(), signal.SIGINT)
+
+
 @pytest.mark.slow
 def test_ctrl_c_checkpoints_marks_killed_and_a_resume_finishes_the_same_run(workdir):
     run = [*STEPS, "trainer.ckpt_every=0", "trainer.output_dir=out"]
@@ -122,3 +141,50 @@ def test_ctrl_c_checkpoints_marks_killed_and_a_resume_finishes_the_same_run(work
     assert resumed.returncode == 0, resumed.stderr
     runs = mlflow_runs(workdir)
     assert len(runs) == 1 and runs.iloc[0]["status"] == "FINISHED"
+
+
+@pytest.fixture
+def flaky_task(workdir, monkeypatch):
+    """A tiny random Llama, sums prompts in a JSONL file and a verifier that raises on every odd-length response."""
+    from conftest import save_tiny_llama
+
+    model = save_tiny_llama(workdir / "model", layers=1, heads=1, head_dim=32, tie=True)
+    rows = [{"prompt": f"{a},{b}:", "answer": str(a + b)} for a in range(1, 10) for b in range(1, 10)]
+    (workdir / "sums.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (workdir / "flaky_verifiers.py").write_text(
+        "def flaky(response, answer):\n"
+        "    if len(response) % 2:\n        raise ValueError('odd')\n"
+        "    return float(response.rpartition('#')[2] == answer)\n"
+    )
+    monkeypatch.syspath_prepend(str(workdir))
+    yield [
+        *("model=hf", f"model.path={model}", "task=jsonl", f"task.path={workdir / 'sums.jsonl'}"),
+        *("task.verifier=flaky_verifiers:flaky", "rollout.max_new_tokens=8", "rollout.prompts_per_step=4"),
+        *("trainer.steps=4", "trainer.ckpt_every=2", "trainer.keep_ckpts=3", "trainer.eval_every=0"),
+        "trainer.threads=1",
+    ]
+    sys.modules.pop("flaky_verifiers", None)
+
+
+@pytest.mark.slow
+def test_a_resume_carries_reward_errors_and_stores_each_step_once(workdir, flaky_task):
+    """The verifier-error counter goes on from the checkpoint, and steps redone after it are not stored twice."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from rlx_cli.run import train_command
+
+    straight = train_command([*flaky_task, "trainer.output_dir=straight", "tracking.experiment=straight"])
+    again = [*flaky_task, "trainer.output_dir=again", "tracking.experiment=again"]
+    train_command(again)
+    shutil.rmtree(workdir / "again" / "checkpoints" / "step-000004")  # as if it died after storing steps 3 and 4
+    resumed = train_command([*again, "trainer.resume=true"])
+    assert straight["train/reward_errors"] > 0
+    assert resumed["train/reward_errors"] == straight["train/reward_errors"]  # not restarted at 0 by the resume
+    assert without_perf(resumed) == without_perf(straight)
+
+    client, run_id = MlflowClient(), mlflow_runs(workdir, "again").iloc[0]["run_id"]
+    for key in ("train/reward_errors", "train/reward", "train/loss"):
+        assert sorted(m.step for m in client.get_metric_history(run_id, key)) == [1, 2, 3, 4]  # each step once
+    assert metric_history(run_id) == metric_history(mlflow_runs(workdir, "straight").iloc[0]["run_id"])

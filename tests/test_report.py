@@ -127,12 +127,72 @@ def test_reduce_of_one_history():
 
 def test_stats_columns(store):
     table = pd.read_csv(io.StringIO(report_command(experiment="ablation", fmt="csv", with_stats=True)))
-    expected_p = stats.welch([0.4, 0.5], [0.5, 0.6, 0.7])[2]
-    assert table["p_value"].iloc[1] == pytest.approx(expected_p)
+    expected_p = stats.welch([0.4, 0.5], [0.5, 0.6, 0.7])[2]  # seeds 0, 1 against 0, 1, 2: not paired
+    assert table["test"].iloc[1] == "Welch" and table["p_value"].iloc[1] == pytest.approx(expected_p)
+    assert table["p_holm"].iloc[1] == pytest.approx(expected_p)  # the only arm with a test: m = 1
     assert math.isnan(table["p_value"].iloc[0]) and math.isnan(table["p_value"].iloc[2])  # baseline; n = 1
-    assert table["ci_low"].iloc[1] <= -0.15 <= table["ci_high"].iloc[1]
+    assert table["ci_low"].iloc[1] <= -0.15 <= table["ci_high"].iloc[1] and table["detectable"].iloc[1] > 0.15
     text = report_command(experiment="ablation", with_stats=True)
-    assert "p (Welch)" in text and "95% CI of Δ" in text and f"{expected_p:.3f}" in text
+    assert [r[4] for r in table_rows(text)] == ["", "Welch", "–"] and "95% CI of Δ" in text  # n = 1: no test
+    assert f"{expected_p:.3f}" in text and "- p (Holm): p adjusted for comparing 1 arm with" in text
+
+
+# arm -> {seed: final eval/accuracy}: the first shares the baseline's seeds (paired), the second does not (Welch)
+PAIRED = {
+    "algo=grpo": {0: 0.61, 1: 0.70, 2: 0.64, 3: 0.69},
+    "algo=grpo +ablate=no_clip_higher": {0: 0.58, 1: 0.66, 2: 0.63, 3: 0.64},
+    "algo=grpo +ablate=no_token_loss": {0: 0.55, 1: 0.69, 4: 0.60},
+}
+
+
+@pytest.fixture(scope="module")
+def paired_uri(tmp_path_factory):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('paired') / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = client.create_experiment("paired")
+    start = 0
+    for overrides, seeds in PAIRED.items():
+        for seed, final in seeds.items():
+            start += 1
+            log_run(client, exp_id, overrides, seed, final, start=start, study="p")
+    return uri
+
+
+def test_stats_are_paired_on_shared_seeds_welch_otherwise_with_holm_and_mde(paired_uri, tmp_path, monkeypatch):
+    scipy_stats = pytest.importorskip("scipy.stats")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", paired_uri)
+    table = pd.read_csv(io.StringIO(report_command(study="p", fmt="csv", with_stats=True)))
+    base, clip, token = (list(seeds.values()) for seeds in PAIRED.values())
+    paired, welch = scipy_stats.ttest_rel(clip, base), scipy_stats.ttest_ind(token, base, equal_var=False)
+    assert table["test"].tolist()[1:] == ["paired", "Welch"]
+    assert table["p_value"].tolist()[1:] == pytest.approx([float(paired.pvalue), float(welch.pvalue)], abs=1e-9)
+    assert [table["ci_low"].iloc[1], table["ci_high"].iloc[1]] == pytest.approx(list(paired.confidence_interval()))
+    assert [table["ci_low"].iloc[2], table["ci_high"].iloc[2]] == pytest.approx(list(welch.confidence_interval()))
+    assert table["p_holm"].tolist()[1:] == pytest.approx(stats.holm([float(paired.pvalue), float(welch.pvalue)]))
+    expected = stats.compare(dict(zip("0123", clip)), dict(zip("0123", base))).detectable
+    assert table["detectable"].iloc[1] == pytest.approx(expected)
+
+    text = report_command(study="p", with_stats=True)
+    rows = table_rows(text)
+    assert [r[4] for r in rows] == ["", "paired", "Welch"]  # the test column says which test each row used
+    assert text.count("\n- ") == 9 and "- MDE (80%): minimum detectable effect" in text  # a legend line per column
+
+    planning = report_command(study="p", power=0.02)
+    rows = table_rows(planning)
+    sigma = float(scipy_stats.tstd([c - b for c, b in zip(clip, base)]))
+    needed = stats.seeds_needed(0.02, (sigma**2,))
+    assert rows[0][:4] == ["vapo +ablate=no_clip_higher", "4", "paired", f"{sigma:.3f}"] and rows[0][5] == str(needed)
+    assert rows[1][2] == "Welch" and f"every arm: {max(needed, int(rows[1][5]))} seeds each" in planning
+    assert "seeds for Δ = 0.020" in planning and "σ of a one-seed Δ:" in planning
+    csv = pd.read_csv(io.StringIO(report_command(study="p", power=0.02, fmt="csv")))
+    assert csv["seeds_needed"].tolist()[0] == needed and csv["sigma"].iloc[0] == pytest.approx(sigma)
+    # --seeds 0,1 pairs the second arm too
+    subset = pd.read_csv(io.StringIO(report_command(study="p", fmt="csv", with_stats=True, seeds="0,1")))
+    assert subset["test"].tolist()[1:] == ["paired", "paired"]
+    with pytest.raises(UserError, match=r"--power 0.0 is not valid \(valid: the Δ to detect, > 0"):
+        report_command(study="p", power=0.0)
 
 
 def test_baseline_by_label_or_overrides(store):

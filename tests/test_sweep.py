@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import SHORT, mlflow_runs, rlx
 
-from rlx_cli import sweep
+from rlx_cli import study, sweep
 from rlx_cli.errors import UserError
 from rlx_cli.launchers import check_launcher
 
@@ -35,19 +35,28 @@ def test_expand_mistakes(args, named):
         sweep.expand(args)
 
 
-def test_canonical_ignores_order_and_output_dir():
-    assert sweep.canonical(["b=2", "a=1", "trainer.output_dir=x/001"]) == "a=1 b=2"
+def test_canonical_ignores_order_output_dir_and_resume():
+    assert sweep.canonical(["b=2", "a=1", "trainer.output_dir=x/001", "trainer.resume=true"]) == "a=1 b=2"
     assert sweep.canonical("a=1 trainer.output_dir=y b=2") == sweep.canonical(["b=2", "a=1"])
 
 
-def test_each_point_gets_its_own_output_dir():
-    point = sweep.Point(7, ["seed=1"], "grpo", "none", 1, "rlx", True)
-    assert sweep.with_output_dir(point, Path("outputs/sweeps/s/t")) == [
+def test_each_point_has_a_stable_folder_of_its_own():
+    point = sweep.Point(7, ["seed=1", "algo=grpo"], "grpo", "none", 1, "rlx", True, 3)
+    folder = study.point_folder(point, "s")
+    assert folder.parent == Path("outputs/sweeps/s") and folder.name.startswith("grpo-s1-")
+    assert study.worker_overrides(point, folder) == [
         "seed=1",
-        "trainer.output_dir=outputs/sweeps/s/t/007",
+        "algo=grpo",
+        f"trainer.output_dir={folder}",
+        "trainer.resume=true",
     ]
-    given = sweep.Point(3, ["trainer.output_dir=runs", "seed=1"], "grpo", "none", 1, "rlx", True)
-    assert sweep.with_output_dir(given, Path("outputs/sweeps/s/t")) == ["seed=1", "trainer.output_dir=runs/t/003"]
+    # the same point in another order, or launched again with an output folder or a resume: the same folder
+    again = sweep.Point(0, ["algo=grpo", "trainer.resume=false", "seed=1"], "grpo", "none", 1, "rlx", True, 3)
+    assert study.point_folder(again, "s") == folder
+    other = sweep.Point(7, ["seed=2", "algo=grpo"], "grpo", "none", 2, "rlx", True, 3)
+    assert study.point_folder(other, "s") != folder
+    given = sweep.Point(3, ["trainer.output_dir=runs", "seed=1"], "vapo", "no_a,no_b", 1, "rlx", True, 3)
+    assert str(study.point_folder(given, "s")).startswith("runs/s/vapo+no_a+no_b-s1-")
 
 
 def test_workers_get_an_absolute_tracking_uri(tmp_path, monkeypatch):
@@ -194,4 +203,4 @@ def test_submitit_launcher_in_its_local_executor(workdir):
     assert "1 finished, 0 failed, 0 skipped" in out.stdout and "submitit (local)" in out.stdout
     runs = mlflow_runs(workdir)
     assert sorted(runs["status"]) == ["FINISHED", "FINISHED"]  # the study's parent and its one child
-    assert list((workdir / "outputs" / "sweeps").glob("*/*/submitit"))
+    assert list((workdir / "outputs" / "sweeps").glob("*/submitit"))

@@ -25,3 +25,25 @@ def test_queued_metrics_are_all_stored_when_the_run_ends(tmp_path, monkeypatch):
     history = client.get_metric_history(tracker.run_id, "train/reward")
     assert sorted((m.step, m.value) for m in history) == [(s, s / 100) for s in range(1, 51)]
     assert client.get_run(tracker.run_id).info.status == "FINISHED"
+
+
+def test_a_run_left_open_at_exit_ends_killed_not_finished(tmp_path):
+    """MLflow's exit hook would end an open run FINISHED, and a study would skip it as done."""
+    import os
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = (
+        "from omegaconf import OmegaConf\nfrom rlx_cli.track import MlflowTracker\n"
+        "tracker = MlflowTracker('open', 'run')\ntracker.connect()\n"
+        "tracker.start(OmegaConf.create({'seed': 0}), {})\nprint(tracker.run_id)\n"
+        "raise SystemExit(143)  # as a second signal that cut the run's end short\n"
+    )
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 143, out.stderr
+    run_id = out.stdout.split()[-1]
+    assert MlflowClient(tracking_uri=uri).get_run(run_id).info.status == "KILLED"
