@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from components.loss_agg import MODES, aggregate
-from components.masked import as_bool, masked_count, masked_mean, masked_top_k, share_count
+from components.masked import as_bool, masked_count, masked_mean, masked_sum, masked_top_k, share_count
 from components.registry import register
 
 
@@ -193,6 +193,18 @@ def kl_cov(
             **_ratio_metrics(advantages, log_ratio, ratio, real),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+@register("policy_loss", "none", choices={"agg": MODES})
+def none(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, agg: str = "token_mean"
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """No policy-gradient term -> (a 0-d zero on ``logp``'s graph, no metrics); ``[B, T]`` inputs unused.
+
+    For the methods of DeepSeekMath's unified paradigm (arXiv 2402.03300, §5.2.1) whose gradient coefficient is
+    the LM loss alone: online RFT and RFT put ``lm_loss=positive_nll`` (coef 1) beside it.
+    """
+    return masked_sum(logp, torch.zeros_like(as_bool(mask))), {}
 
 
 def centred_covariance(advantages: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
