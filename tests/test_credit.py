@@ -284,3 +284,29 @@ def test_a_step_verifier_that_cannot_be_imported_is_one_line_naming_the_key(tmp_
     with pytest.raises(UserError, match=r"task.step_verifier=steps is not valid \(valid: module:function\)"):
         FileTask(**settings, chat_template=False, step_verifier="steps")
     assert not FileTask(**settings, chat_template=False).scores_steps
+
+
+def test_a_resumed_rft_run_needs_its_answers_drawn_for_the_same_settings(tmp_path):
+    from omegaconf import OmegaConf
+
+    from rlx_cli.base_model import char_tokenizer
+    from rlx_cli.errors import UserError
+    from rlx_cli.rft import load_samples, save_samples
+
+    def cfg(steps: int):
+        return OmegaConf.create(
+            {
+                "seed": 0,
+                "trainer": {"steps": steps, "output_dir": str(tmp_path)},
+                "rollout": {"prompts_per_step": 4, "group_size": 2},
+            }
+        )
+
+    with pytest.raises(UserError, match="rft_samples is missing"):
+        load_samples(cfg(4))
+    answers = rollout_of(char_tokenizer(), ["1+2=3#3", "4#4"])
+    save_samples(cfg(4), answers)
+    back = load_samples(cfg(4))
+    assert torch.equal(back.input_ids, answers.input_ids) and back.texts == answers.texts
+    with pytest.raises(UserError, match=r"trainer.steps=8 does not fit .* drawn for trainer.steps=4 \(valid: 4\)"):
+        load_samples(cfg(8))
