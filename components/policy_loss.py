@@ -165,8 +165,9 @@ def kl_cov(
 
     Statistics cover exactly the tensors passed in: Ā, ℓ̄, N and the top-k pool every real token of the
     ``[B, T]`` batch (across rows and prompts); rlx calls it once per micro-batch (this process's rows of a
-    minibatch, at most ``trainer.micro_batch_tokens`` tokens), verl likewise. Ties in Cov are broken by position (the earlier token in
-    row-major order is taken; ``masked.masked_top_k``), so the selection is deterministic; no randomness.
+    minibatch, at most ``trainer.micro_batch_tokens`` tokens), verl likewise. Ties in Cov are broken by position
+    (the earlier token in row-major order is taken; ``masked.masked_top_k``), so the selection is deterministic; no
+    randomness.
 
     Metrics (fractions of real tokens): ``cov_frac`` (the penalised tokens), ``cov_mean`` (mean Cov_i, the batch
     covariance of A and ℓ), ``abs_kl`` (mean |logp − old_logp|, verl's ``ppo_kl_abs``), and as ``ppo_clip``:

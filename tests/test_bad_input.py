@@ -147,8 +147,8 @@ CASES = [
     ("model-is-a-file", [*TRAIN, "model.path=notes.txt"], ["model.path=notes.txt"], None, write("notes.txt", "hi")),
     ("model-garbage-config", [*LOAD, "model.path=model"], ["model.path=model", "config"], None, garbage_config),
     ("model-truncated-weights", [*LOAD, "model.path=model"], ["model.path=model"], None, truncated_weights),
-    ("model-softcapped-logits", [*LOAD, "model=hf", "model.path=model"], ["model.path=model", "final_logit_softcapping"],
-     None, softcapped_model),
+    ("model-softcapped-logits", [*LOAD, "model=hf", "model.path=model"],
+     ["model.path=model", "final_logit_softcapping"], None, softcapped_model),
     # dataset files
     ("data-path-unset", [*TRAIN, "task=jsonl"], ["task.path", "required"], None, None),
     ("data-missing", [*LOAD, "task=jsonl", "task.path=nope.jsonl"], ["task.path=nope.jsonl"], None, None),
