@@ -64,6 +64,11 @@ def write(name: str, text: str):
     return setup
 
 
+def model_and_rows(workdir: Path) -> None:
+    tiny_model(workdir / "model")
+    (workdir / "d.jsonl").write_text(ROWS)
+
+
 def an_experiment(workdir: Path) -> None:
     import mlflow
 
@@ -158,6 +163,8 @@ CASES = [
      write("d.jsonl", '{"prompt": "1+1=", "answer": \n')),
     ("step-verifier-missing", [*LOAD, "task=jsonl", "task.path=d.jsonl", "task.step_verifier=nope:steps"],
      ["task.step_verifier=nope:steps"], None, write("d.jsonl", ROWS)),
+    ("steps-without-a-step-verifier", [*LOAD, "algo=grpo_process", "model=hf", "model.path=model", "task=jsonl",
+     "task.path=d.jsonl"], ["advantage=grpo_process", "task.step_verifier"], None, model_and_rows),
     ("data-missing-field", [*LOAD, "task=jsonl", "task.path=d.jsonl", "task.answer_field=solution"],
      ["task.path=d.jsonl", "solution"], None, write("d.jsonl", ROWS)),
     # tracking, reports, the UI
