@@ -14,8 +14,10 @@ Both are added to each process's sampled batch (``loop.sample_groups``) as named
   cutpoints (``components.advantage.spo_cutpoints``), and from each cutpoint's prefix ``rollout.spo.continuations``
   continuations drawn by the run's own sampler (HF or vLLM) with the rollout's settings; V = their mean reward,
   a continuation cut at ``rollout.max_new_tokens`` (prefix included) without EOS scoring
-  ``rollout.spo.unfinished_reward``. Counted: ``train/spo_cutpoints``, ``train/spo_continuations`` (samples beyond
-  the step's prompts x group_size), ``perf/spo_s``, ``perf/spo_tokens``; ``perf/generate_s`` includes them.
+  ``rollout.spo.unfinished_reward``; the terminal value R is the row's score as the loop passes it (after
+  ``reward_shaping``, none in ``algo=spo``). Counted: ``train/spo_cutpoints``, ``train/spo_continuations``
+  (samples beyond the step's prompts x group_size), ``perf/spo_s``, ``perf/spo_tokens``; ``perf/generate_s``
+  includes them.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ def spo_values(cfg, parts, batch: Rollout, problems: list) -> dict[str, float]:
     cuts = spo_cutpoints(probs, batch.response_mask, prob_threshold=threshold, interval=settings.cutpoint_interval)
     rows, starts = (x.tolist() for x in cuts.nonzero(as_tuple=True))
     n, budget = settings.continuations, rollout.max_new_tokens
-    prefixes = repeated([batch.responses[r, :t].tolist() for r, t in zip(rows, starts)], n)
+    responses = batch.responses.tolist()  # once: a GPU tensor is not read a cutpoint at a time
+    prefixes = repeated([responses[r][:t] for r, t in zip(rows, starts)], n)
     with engine.sampling():  # every process enters it (FSDP gathers the policy), even with nothing to continue
         continued = None
         if prefixes:
