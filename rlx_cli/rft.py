@@ -7,10 +7,11 @@ supervised steps on the initial policy's correct answers, sampled once. ``traine
    ``trainer.output_dir/rft_samples/`` (safetensors + JSON), so that a resumed run trains on the same ones. The
    sample budget is that of an RL run with the same settings. Logged at step 0: ``rft/sampled``, ``rft/correct``,
    ``rft/accuracy`` (the initial policy's sampled accuracy on them).
-2. Step s: the s-th of ``trainer.steps`` equal slices of the kept answers (``train/samples``), ``trainer.epochs`` x
-   ``trainer.minibatches`` updates of the policy's loss with every row positive (``update.update_step``: micro-
-   batched, exact). ``algo=rft`` makes that loss the NLL alone: ``policy_loss=none``, ``lm_loss=positive_nll`` at
-   coef 1 (a KL in the loss, ``kl.placement=loss``, adds the reference's forward).
+2. Step s: the s-th of ``trainer.steps`` equal slices of the kept answers (``train/samples``, their mean length
+   ``train/response_len``), ``trainer.epochs`` x ``trainer.minibatches`` updates of the policy's loss with every
+   row positive (``update.update_step``: micro-batched, exact). ``algo=rft`` makes that loss the NLL alone:
+   ``policy_loss=none``, ``lm_loss=positive_nll`` at coef 1 (a KL in the loss, ``kl.placement=loss``, adds the
+   reference's forward).
 3. Log, evaluate, checkpoint as the RL loop (``loop.log_step``, ``loop.end_step``).
 """
 
@@ -58,6 +59,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             batch = samples.select(slices[step - 1]).to(parts.models.device)
             metrics = {"train/samples": float(len(batch.texts))}
             if batch.texts:  # a slice can be empty when few answers were correct
+                metrics["train/response_len"] = batch.response_mask.sum(1).mean().item()  # of the answers trained on
                 metrics.update(supervised_update(cfg, parts, state, step, batch))
             parts.policy_schedule.step()
             with engine.sampling():
