@@ -1,9 +1,11 @@
 """Advantage estimators: per-token advantages ``[B, T]`` from rewards, values and group structure.
 
 Registered functions take their tensors positionally, named only from ``token_rewards``, ``values``,
-``mask``, ``scores``, ``group_index`` (the engine passes them by name). ``scores`` ``[B]`` is one
-scalar reward per response; ``token_rewards`` ``[B, T]`` is that score placed on the last real token
-minus any per-token KL penalty (see ``token_rewards``). Masked entries of every output are 0.
+``mask``, ``scores``, ``group_index`` and the rollout's token annotations ``step_rewards``, ``step_ends``
+(a task's step verifier), ``cut_values``, ``cuts``, ``token_probs`` (SPO-chain's stage, ``rlx_cli/credit.py``);
+the engine passes them by name. ``scores`` ``[B]`` is one scalar reward per response; ``token_rewards``
+``[B, T]`` is that score placed on the last real token minus any per-token KL penalty (see ``token_rewards``).
+Masked entries of every output are 0.
 """
 
 from __future__ import annotations
@@ -134,6 +136,107 @@ def reinforce_pp_baseline(token_rewards: Tensor, group_index: Tensor, mask: Tens
     baseline, _, size = _group_stats(sequence_returns, group_index)
     baseline = torch.where(size > 1, baseline, torch.zeros_like(baseline))
     return masked_whiten(returns - baseline.unsqueeze(-1), real)
+
+
+@register("advantage", "grpo_process", ranges={"eps": (0.0, 1.0), "outcome_weight": (0.0, 1.0)})
+def grpo_process(
+    step_rewards: Tensor,
+    step_ends: Tensor,
+    group_index: Tensor,
+    mask: Tensor,
+    scores: Tensor | None = None,
+    *,
+    eps: float = 1e-6,
+    outcome_weight: float = 0.0,
+) -> Tensor:
+    """GRPO with process supervision (DeepSeekMath, arXiv 2402.03300, §4.1.3) -> ``[B, T]``.
+
+    ``step_rewards`` ``[B, T]``: each step's reward r at its last token; ``step_ends`` ``[B, T]`` bool (or 0/1):
+    where a step ends; ``group_index`` ``[B]``; ``mask`` ``[B, T]``; ``scores`` ``[B]`` (only for the mix). Every
+    step reward is normalised over ALL steps of ALL outputs of its group, r̃ = (r − mean) / (std + eps) with the
+    unbiased std and eps as ``grpo`` (the paper does not say which std); a group with a single step keeps its raw
+    reward (as ``grpo``'s singleton groups). Token t gets the sum of r̃ over the steps of its own row that end at
+    or after t (the step containing t counts); tokens after the last step's end, and rows without steps, get 0.
+
+    ``outcome_weight`` w (rlx's option, not the paper's): (1 − w)·process + w·``grpo(scores)``, so 0 is the
+    paper's process supervision and 1 is outcome GRPO; in between mixes the two advantages.
+    """
+    real = as_bool(mask)
+    ends = as_bool(step_ends) & real
+    rewards = torch.where(ends, _floating(step_rewards).detach(), 0.0)
+    _, inverse = torch.unique(group_index, return_inverse=True)
+    groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    count = torch.zeros(groups, dtype=rewards.dtype, device=rewards.device).index_add_(
+        0, inverse, ends.sum(-1).to(rewards.dtype)
+    )
+    total = torch.zeros_like(count).index_add_(0, inverse, rewards.sum(-1))
+    mean = (total / count.clamp(min=1))[inverse].unsqueeze(-1)  # [B, 1]
+    squares = torch.where(ends, (rewards - mean) ** 2, 0.0).sum(-1)
+    std = (torch.zeros_like(count).index_add_(0, inverse, squares) / (count - 1).clamp(min=1)).sqrt()[inverse]
+    normalised = torch.where(count[inverse].unsqueeze(-1) > 1, (rewards - mean) / (std.unsqueeze(-1) + eps), rewards)
+    process = torch.where(ends, normalised, 0.0).flip(-1).cumsum(-1).flip(-1)  # Σ over steps ending at or after t
+    process = _zero_padding(process, real)
+    if outcome_weight == 0:
+        return process
+    if scores is None:
+        raise ValueError("grpo_process: outcome_weight > 0 needs scores [B]")
+    return (1 - outcome_weight) * process + outcome_weight * grpo(scores, group_index, mask, eps=eps)
+
+
+def spo_cutpoints(token_probs: Tensor, mask: Tensor, *, prob_threshold: float = 0.9, interval: int = 5) -> Tensor:
+    """SPO-chain's cutpoints (Guo et al. 2025; AIFrameResearch/SPO ``_create_value_estimation_requests``) -> ``[B, T]``
+    bool, true at token t when the state before t (after response token t − 1; t = 0: the prompt alone) is one.
+
+    ``token_probs``, ``mask``: ``[B, T]``, the sampling probability of each response token (temperature-scaled).
+    The low-probability tokens (p < ``prob_threshold``) of a row, in order; the 1st, (1 + interval)-th,
+    (1 + 2·interval)-th ... of them are cut before (the reference's ``where(p < 0.9) − 1``, then ``[::interval]``).
+    """
+    low = as_bool(mask) & (token_probs < prob_threshold)
+    rank = low.long().cumsum(-1) - 1  # 0 for the row's first low-probability token
+    return low & (rank % interval == 0)
+
+
+@register("advantage", "spo_chain", ranges={"prob_threshold": (0.0, 1.0)})
+def spo_chain(
+    cut_values: Tensor,
+    cuts: Tensor,
+    token_probs: Tensor,
+    scores: Tensor,
+    mask: Tensor,
+    *,
+    prob_threshold: float = 0.9,
+    whiten_low_prob: bool = True,
+) -> Tensor:
+    """SPO-chain's segment advantages (Guo et al. 2025, "Segment Policy Optimization"; AIFrameResearch/SPO
+    ``_compute_token_advantages``) -> ``[B, T]``.
+
+    ``cuts`` ``[B, T]`` bool (or 0/1): a cutpoint before token t (``spo_cutpoints``); ``cut_values`` ``[B, T]``: the
+    Monte-Carlo value V there (read only at cutpoints); ``token_probs`` ``[B, T]``: each token's sampling
+    probability; ``scores`` ``[B]``: the final reward R, the terminal value; ``mask`` ``[B, T]``.
+
+    In the reference's terms (cutpoint c = t − 1, the state after token c): tokens in (c_{k−1}, c_k] get
+    V(c_k) − V(c_{k−1}), the last segment (c_K, end] gets R − V(c_K), and the first segment [0, c_0] gets 0 unless
+    c_0 = −1 (a cutpoint before token 0, the prompt alone, whose V is then the base). A row without a cutpoint gets
+    all zeros. Then each token keeps its advantage only if p ≤ ``prob_threshold`` (the probability mask).
+    ``whiten_low_prob``: whitened over the batch's kept tokens only, as the reference's trainer (``masked_whiten``),
+    the others 0.
+    """
+    real = as_bool(mask)
+    cut = as_bool(cuts) & real
+    values = _floating(cut_values).detach()
+    width = real.shape[-1]
+    positions = torch.arange(width, device=real.device).expand_as(real)
+    last_cut = torch.where(cut, positions, -1).cummax(-1).values  # the latest cutpoint at or before t
+    first_from = torch.where(cut, positions, width).flip(-1).cummin(-1).values.flip(-1)  # the first at or after t
+    next_cut = torch.cat([first_from[:, 1:], torch.full_like(first_from[:, :1], width)], -1)  # the first after t
+    base = values.gather(-1, last_cut.clamp(min=0))
+    final = _floating(scores).detach().unsqueeze(-1).expand_as(values)
+    target = torch.where(next_cut < width, values.gather(-1, next_cut.clamp(max=width - 1)), final)
+    adv = torch.where(last_cut >= 0, target - base, 0.0)
+    kept = real & (token_probs <= prob_threshold)
+    if whiten_low_prob:
+        return masked_whiten(adv, kept)
+    return _zero_padding(adv, kept)
 
 
 def _returns_to_go(token_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:

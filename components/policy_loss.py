@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from components.loss_agg import MODES, aggregate
-from components.masked import as_bool, masked_count, masked_mean, masked_top_k, share_count
+from components.masked import as_bool, masked_count, masked_mean, masked_sum, masked_top_k, share_count
 from components.registry import register
 
 
@@ -166,7 +166,8 @@ def kl_cov(
     Statistics cover exactly the tensors passed in: Ā, ℓ̄, N and the top-k pool every real token of the
     ``[B, T]`` batch (across rows and prompts); rlx calls it once per micro-batch (this process's rows of a
     minibatch, at most ``trainer.micro_batch_tokens`` tokens), verl likewise. Ties in Cov are broken by position
-    (the earlier token in row-major order is taken; ``masked.masked_top_k``), so the selection is deterministic.
+    (the earlier token in row-major order is taken; ``masked.masked_top_k``), so the selection is deterministic; no
+    randomness.
 
     Metrics (fractions of real tokens): ``cov_frac`` (the penalised tokens), ``cov_mean`` (mean Cov_i, the batch
     covariance of A and ℓ), ``abs_kl`` (mean |logp − old_logp|, verl's ``ppo_kl_abs``), and as ``ppo_clip``:
@@ -193,6 +194,18 @@ def kl_cov(
             **_ratio_metrics(advantages, log_ratio, ratio, real),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
+
+
+@register("policy_loss", "none", choices={"agg": MODES})
+def none(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *, agg: str = "token_mean"
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """No policy-gradient term -> (a 0-d zero on ``logp``'s graph, no metrics); ``[B, T]`` inputs unused.
+
+    For the methods of DeepSeekMath's unified paradigm (arXiv 2402.03300, §5.2.1) whose gradient coefficient is
+    the LM loss alone: online RFT and RFT put ``lm_loss=positive_nll`` (coef 1) beside it.
+    """
+    return masked_sum(logp, torch.zeros_like(as_bool(mask))), {}
 
 
 def centred_covariance(advantages: Tensor, logp: Tensor, mask: Tensor) -> Tensor:

@@ -42,6 +42,17 @@ def high_entropy(entropy: Tensor, mask: Tensor, *, top_ratio: float = 0.2) -> Te
     return masked_top_k(entropy, mask, max(1, share_count(count, top_ratio, round_up=True)))
 
 
+@register("token_filter", "low_probability", ranges={"prob_threshold": (0.0, 1.0)})
+def low_probability(old_logp: Tensor, mask: Tensor, *, prob_threshold: float = 0.9) -> Tensor:
+    """SPO's trainer (Guo et al. 2025; AIFrameResearch/SPO): the policy gradient only on the tokens the sampling
+    policy drew with probability p < ``prob_threshold`` -> ``[B, T]`` bool.
+
+    ``old_logp``, ``mask``: ``[B, T]``; p = exp(old_logp), the log-probs of the policy that sampled the batch at the
+    rollout temperature. With ``normalizer=selected`` the loss is divided by the selected tokens' count.
+    """
+    return as_bool(mask) & (old_logp.detach().exp() < prob_threshold)
+
+
 def selection_metrics(entropy: Tensor, mask: Tensor, selected: Tensor) -> dict[str, Tensor]:
     """``selected_frac`` (selected share of the real tokens) and ``selected_entropy`` (their mean entropy),
     detached 0-d tensors; ``entropy``, ``mask``, ``selected``: ``[B, T]``."""

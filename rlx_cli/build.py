@@ -81,6 +81,11 @@ def build(cfg: DictConfig, progress) -> Parts:
     precision = resolve(cfg.trainer.precision, device)
     path = Path(cfg.model.path) if cfg.model.path else ensure_base_model(cfg.model, cfg.task, task, progress, device)
     components = components_of(cfg)
+    if components["advantage"].takes("step_rewards") and not getattr(task, "scores_steps", False):
+        raise UserError(
+            f"advantage={cfg.advantage.name} needs a reward per step, which task={cfg.task.name} does not give "
+            "(valid: task=sums, or task=jsonl with task.step_verifier=module:function)"
+        )
     needs_critic = components["advantage"].takes("values")
     torch.manual_seed(cfg.seed)
     models = build_models(

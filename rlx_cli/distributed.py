@@ -132,19 +132,27 @@ def gather_samples(batch: Rollout, scores: Tensor, group_index: Tensor, sampling
     """This process's sampled groups -> the step's: (batch, scores [B], group_index [B], metrics, own rows).
 
     ``own`` is this process's part of the gathered ``batch`` (rows in the global layout); group ids are
-    renumbered to stay distinct. Group and verifier-error counts are summed; ``train/draws`` is the largest.
+    renumbered to stay distinct. Counts are summed; ``train/draws`` and ``perf/*`` times are the largest.
     """
     if size() == 1:
         return batch, scores, group_index, sampling, batch
-    present = [f.name for f in fields(Rollout) if f.name != "texts" and getattr(batch, f.name) is not None]
+    skip = ("texts", "annotations")
+    present = [f.name for f in fields(Rollout) if f.name not in skip and getattr(batch, f.name) is not None]
     tensors = {name: gather_list(getattr(batch, name)) for name in present}  # sampler_logp: only from vLLM
+    notes = {name: gather_list(x) for name, x in sorted(batch.annotations.items())}  # the same names everywhere
     texts = gather_texts(batch.texts)
-    parts = [Rollout(**{k: v[r] for k, v in tensors.items()}, texts=texts[r]) for r in range(size())]
+    parts = [
+        Rollout(
+            **{k: v[r] for k, v in tensors.items()}, texts=texts[r], annotations={k: v[r] for k, v in notes.items()}
+        )
+        for r in range(size())
+    ]
     whole = Rollout.concat(parts, pad_id)
     groups = gather_list(group_index)
     offsets = torch.tensor([0] + [int(g.max()) + 1 for g in groups[:-1]]).cumsum(0)
     counts = torch.stack(gather_list(torch.tensor([sampling[k] for k in sampling], dtype=torch.float64)))
-    metrics = {k: float(col.max() if k == "train/draws" else col.sum()) for k, col in zip(sampling, counts.T)}
+    slowest = [k == "train/draws" or k.startswith("perf/") for k in sampling]
+    metrics = {k: float(col.max() if top else col.sum()) for k, col, top in zip(sampling, counts.T, slowest)}
     start = sum(len(p.texts) for p in parts[: rank()])
     own = whole.select(torch.arange(start, start + len(batch.texts)))
     return whole, gather(scores), torch.cat([g + o for g, o in zip(groups, offsets)]), metrics, own

@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 from components import advantage as adv_lib
 from components.kl import estimate as kl_estimate
 from components.masked import masked_mean
-from rlx_cli import checkpoint, distributed
+from rlx_cli import checkpoint, credit, distributed
 from rlx_cli.build import Parts
 from rlx_cli.checkpoint import TrainState
 from rlx_cli.guard import count_update
@@ -76,13 +76,14 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             policy_lam = comp["lam_schedule"]({"lengths": lengths})
             critic_lam = comp["lam_schedule"].wiring.get("critic_lam")
 
-            # 6. advantages (and value targets)
+            # 6. advantages (and value targets); a rollout stage's annotations by name (step rewards, SPO's values)
             tensors = {
                 "token_rewards": token_rewards,
                 "values": values,
                 "mask": mask,
                 "scores": shaped,
                 "group_index": group_index,
+                **batch.annotations,
             }
             advantages = comp["advantage"](tensors, lam=policy_lam)
             returns = None
@@ -125,30 +126,45 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                 "perf/generate_s": generated - started,
                 "perf/sync_s": finished - updated,
                 "perf/tokens_per_s": lengths.sum().item() / (finished - started),
+                **credit.step_metrics(batch),
                 **sampling,
                 **update,
                 **gpu_memory(models.device),
             }
-            if trainer.eval_every and step % trainer.eval_every == 0 or step == trainer.steps:
-                metrics.update(evaluate(cfg, parts))
-                progress.note(f"step {step}: {summary(metrics)}")
-            tracker.log_metrics(metrics, step=step)
-            last.update(metrics)
+            log_step(cfg, parts, tracker, progress, step, metrics, last)
             advance(reward=metrics["train/reward"], acc=last["eval/accuracy"])
 
             # 9. checkpoint every ckpt_every steps, at the end, and when a signal asks the run to stop
-            state.step = step
-            stop.requested = distributed.first_signal(stop.requested)  # every process stops after the same step
-            due = trainer.ckpt_every and (step % trainer.ckpt_every == 0 or step == trainer.steps)
-            if due or stop.requested:
-                tracker.flush()  # the metrics of every step up to a checkpoint are stored before it exists
-                saved = checkpoint.save(trainer.output_dir, parts, state, trainer.keep_ckpts)
-            if stop.requested:
-                raise stop.stop(
-                    f"checkpoint {saved} after step {step}; go on with trainer.resume=true "
-                    f"trainer.output_dir={trainer.output_dir}"
-                )
+            end_step(cfg, parts, tracker, stop, state, step)
     return last
+
+
+def log_step(cfg, parts: Parts, tracker, progress, step: int, metrics: dict[str, float], last: dict) -> None:
+    """Evaluate every ``trainer.eval_every`` steps and at the last; log ``metrics`` at ``step``; keep them in
+    ``last``."""
+    trainer = cfg.trainer
+    if trainer.eval_every and step % trainer.eval_every == 0 or step == trainer.steps:
+        metrics.update(evaluate(cfg, parts))
+        progress.note(f"step {step}: {summary(metrics)}")
+    tracker.log_metrics(metrics, step=step)
+    last.update(metrics)
+
+
+def end_step(cfg, parts: Parts, tracker, stop: StopRequests, state: TrainState, step: int) -> None:
+    """Step ``step`` is done: checkpoint every ``trainer.ckpt_every`` steps, at the last, and when a signal asks the
+    run to stop (then raise ``Stopped``)."""
+    trainer = cfg.trainer
+    state.step = step
+    stop.requested = distributed.first_signal(stop.requested)  # every process stops after the same step
+    due = trainer.ckpt_every and (step % trainer.ckpt_every == 0 or step == trainer.steps)
+    if due or stop.requested:
+        tracker.flush()  # the metrics of every step up to a checkpoint are stored before it exists
+        saved = checkpoint.save(trainer.output_dir, parts, state, trainer.keep_ckpts)
+    if stop.requested:
+        raise stop.stop(
+            f"checkpoint {saved} after step {step}; go on with trainer.resume=true "
+            f"trainer.output_dir={trainer.output_dir}"
+        )
 
 
 def kl_in_reward(kl) -> bool:
@@ -206,7 +222,7 @@ def sample_groups(cfg, parts: Parts, step: int):
     size = rollout.group_size
     distributed.seed_sampling(cfg.seed, step)
     wanted = len(distributed.shard(range(rollout.prompts_per_step)))  # N processes: each its block of the prompts
-    kept_batches, kept_scores, groups, draws = [], [], 0, 0
+    kept_batches, kept_scores, kept_problems, groups, draws = [], [], [], 0, 0
     while groups < wanted and draws < (rollout.max_draws if rollout.dynamic_sampling else 1):
         problems = task.train_problems(rollout.prompts_per_step, seed=cfg.seed, step=step, draw=draws)
         problems = [p for p in distributed.shard(problems) for _ in range(size)]
@@ -229,20 +245,23 @@ def sample_groups(cfg, parts: Parts, step: int):
             rows = keep.repeat_interleave(size).nonzero().squeeze(1)
             kept_batches.append(batch.select(rows))
             kept_scores.append(scores[rows])
+            kept_problems += [problems[i] for i in rows.tolist()]
             groups += int(keep.sum())
     batch = kept_batches[0]
     if len(kept_batches) > 1:
         batch = Rollout.concat(kept_batches, parts.models.tokenizer.pad_token_id)
     group_index = torch.arange(groups).repeat_interleave(size)
     device = parts.models.device
+    batch, annotated = credit.annotate(cfg, parts, batch.to(device), kept_problems)  # step rewards, SPO's values
     return (
-        batch.to(device),
+        batch,
         torch.cat(kept_scores).to(device),
         group_index.to(device),
         {
             "train/groups": float(groups),
             "train/draws": float(draws),
             "train/reward_errors": float(task.reward_errors),  # cumulative verifier exceptions and time-outs
+            **annotated,
         },
     )
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -19,6 +19,9 @@ class Rollout:
     response_mask: torch.Tensor  # [B, T] float, 1 up to and including EOS
     texts: list[str]  # decoded responses, EOS and padding stripped
     sampler_logp: torch.Tensor | None = None  # [B, T] the sampler's own log-probs of the responses (vLLM), 0 on padding
+    # named [B, T] float tensors a rollout stage adds for the advantage (rlx_cli/credit.py: step rewards, SPO's
+    # values), 0 on padding; the loop passes them to the components by name
+    annotations: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def to(self, device: torch.device) -> Rollout:
         """The same batch with its tensors on ``device``."""
@@ -43,12 +46,17 @@ class Rollout:
         mask = torch.cat([pad(r.response_mask, 0, width_t - r.responses.shape[1], 0.0) for r in parts])
         attention = torch.cat([prompt_attn, mask.long()], dim=1)
         texts = [t for r in parts for t in r.texts]
+
+        def padded(tensors: list[torch.Tensor]) -> torch.Tensor:  # [b, t] response-aligned tensors, 0 on padding
+            return torch.cat([pad(x, 0, width_t - r.responses.shape[1], 0.0) for x, r in zip(tensors, parts)])
+
         logp = None
         if all(r.sampler_logp is not None for r in parts):
-            logp = torch.cat([pad(r.sampler_logp, 0, width_t - r.responses.shape[1], 0.0) for r in parts])
-        return Rollout(
-            torch.cat([prompts, responses], 1), attention, position_ids(attention), responses, mask, texts, logp
-        )
+            logp = padded([r.sampler_logp for r in parts])
+        names = set.intersection(*(set(r.annotations) for r in parts))
+        annotations = {k: padded([r.annotations[k] for r in parts]) for k in sorted(names)}
+        ids = torch.cat([prompts, responses], 1)
+        return Rollout(ids, attention, position_ids(attention), responses, mask, texts, logp, annotations)
 
     def without_rows(self, dropped: torch.Tensor) -> Rollout:
         """The same batch with no response token left in the ``dropped`` rows ([B] bool): nothing of theirs
@@ -60,6 +68,8 @@ class Rollout:
         def pick(v):
             if v is None:
                 return None
+            if isinstance(v, dict):
+                return {k: x[rows] for k, x in v.items()}
             return v[rows] if isinstance(v, torch.Tensor) else [v[i] for i in rows.tolist()]
 
         return Rollout(**{f.name: pick(getattr(self, f.name)) for f in fields(self)})
@@ -88,29 +98,33 @@ class HFSampler:
         messages = [{"role": "user", "content": prompt}]
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def encode(self, prompts: list[str]):
-        """Rendered, tokenized, left-padded prompts: ``input_ids`` and ``attention_mask`` [B, P]."""
+    def encode(self, prompts: list[str], prefixes: list[list[int]] | None = None):
+        """Rendered, tokenized, left-padded prompts: ``input_ids`` and ``attention_mask`` [B, P]; with ``prefixes``
+        each prompt's tokens followed by its prefix's token ids (the start of a response to continue)."""
         self.tokenizer.padding_side = "left"
         # a chat template writes its own special tokens
-        return self.tokenizer(
-            [self.render(p) for p in prompts],
-            padding=True,
-            return_tensors="pt",
-            add_special_tokens=not self.chat_template,
-        )
+        texts, special = [self.render(p) for p in prompts], not self.chat_template
+        if prefixes is None:
+            return self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=special)
+        ids = self.tokenizer(texts, add_special_tokens=special)["input_ids"]
+        joined = [list(p) + list(x) for p, x in zip(ids, prefixes)]
+        return self.tokenizer.pad({"input_ids": joined}, padding=True, return_tensors="pt")
 
-    def generate(self, model, prompts: list[str], *, temperature: float, max_new_tokens: int) -> Rollout:
-        """Responses to ``prompts``, ``rows`` at a time, as one batch."""
+    def generate(self, model, prompts: list[str], *, temperature: float, max_new_tokens: int, prefixes=None) -> Rollout:
+        """Responses to ``prompts``, ``rows`` at a time, as one batch. ``prefixes``: for each prompt the token ids
+        of a response's beginning, which the sampled tokens continue (SPO's continuations); the Rollout's prompts
+        then end with them and its responses are the continuations."""
+        cut = lambda items, i: None if items is None else items[i : i + self.rows]  # noqa: E731
         chunks = [
-            self.generate_chunk(model, prompts[i : i + self.rows], temperature, max_new_tokens)
+            self.generate_chunk(model, cut(prompts, i), temperature, max_new_tokens, cut(prefixes, i))
             for i in range(0, len(prompts), self.rows)
         ]
         return chunks[0] if len(chunks) == 1 else Rollout.concat(chunks, self.tokenizer.pad_token_id)
 
     @torch.no_grad()
-    def generate_chunk(self, model, prompts: list[str], temperature: float, max_new_tokens: int) -> Rollout:
+    def generate_chunk(self, model, prompts: list[str], temperature: float, max_new_tokens: int, prefixes=None):
         tok = self.tokenizer
-        enc = self.encode(prompts).to(model.device)
+        enc = self.encode(prompts, prefixes).to(model.device)
         sampling = dict(temperature=temperature, top_p=self.top_p, top_k=0) if temperature > 0 else {}
         was_training = model.training
         model.eval()
@@ -143,7 +157,9 @@ def assemble(tokenizer, enc, responses: torch.Tensor, sampler_logp: torch.Tensor
 
 
 def move(value, device: torch.device):
-    """A tensor to ``device``; anything else (texts, None) as it is."""
+    """A tensor (or a dict of them) to ``device``; anything else (texts, None) as it is."""
+    if isinstance(value, dict):
+        return {k: move(v, device) for k, v in value.items()}
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
 

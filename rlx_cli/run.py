@@ -21,7 +21,7 @@ from rlx_cli.compose import ablations, choices_of, compose, job_config
 from rlx_cli.progress import Progress
 from rlx_cli.signals import Stopped, StopRequests
 from rlx_cli.track import git_sha, make_tracker, tracking_uri, write_json
-from rlx_cli.validate import validate
+from rlx_cli.validate import LOOPS, validate
 
 
 def run_name(cfg: DictConfig) -> str:
@@ -59,9 +59,11 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
     tracker.connect()  # a bad tracking URI fails here, before any work
     output_dir = Path(job.trainer.output_dir)
     with StopRequests() as stop, exit_on_stop():
-        from rlx_cli.build import build
-        from rlx_cli.loop import train
+        from importlib import import_module
 
+        from rlx_cli.build import build
+
+        train = import_module(LOOPS[job.trainer.loop]).train  # rl: loop.py; rft: rft.py
         parts = build(job, progress)
         state = checkpoint.resume(job, parts, progress)
         tracker.start(job, tags, run_id=state.run_id)

@@ -2,11 +2,16 @@
 
 ``sums`` — running sums, worked out. Prompt ``3,4,5,9:``, response ``3+4=7,7+5=12,12+9=21#21``
 (7–44 characters). Reward 1 if the text after the last ``#`` is the true sum, else 0.
+
+A task whose ``scores_steps`` is true also scores each step of a response (process supervision):
+``score_steps(responses, problems)`` -> per response a list of (end, reward), ``end`` the offset just past the
+step's last character; ``rlx_cli/credit.py`` puts each reward on the token holding that character.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +30,7 @@ class SumsTask:
     """Procedural running sums; ``worked(terms, carry_drop, rng)`` writes a (possibly defective) solution."""
 
     reward_errors = 0  # the exact verifier cannot fail
+    scores_steps = True  # every a+b=c step is checkable (sum_steps)
 
     def __init__(self, *, min_terms: int, max_terms: int, eval_size: int, eval_seed: int):
         if not 2 <= min_terms <= max_terms:
@@ -55,6 +61,32 @@ class SumsTask:
 
     def score_batch(self, responses: list[str], problems: list[Problem]) -> list[float]:
         return [self.score(r, p) for r, p in zip(responses, problems)]
+
+    def score_steps(self, responses: list[str], problems: list[Problem]) -> list[list[tuple[int, float]]]:
+        return [sum_steps(r, p) for r, p in zip(responses, problems)]
+
+
+def sum_steps(response: str, problem: Problem) -> list[tuple[int, float]]:
+    """The steps of a sums response as (end, reward): each ``a+b=c`` before the ``#`` (split at commas), then
+    the answer ``#N`` when there is one.
+
+    Step k is correct (1.0) if it reads ``a+b=c`` with b the prompt's (k+1)-th term, c = a + b and a the response's
+    own previous total: the first term for the first step, the previous step's c after it (not checked after a
+    step that does not parse), so one wrong step costs only itself. The answer step scores as the task does
+    (N is the true sum). ``3+4=7,7+5=2,2+9=11#11`` for ``3,4,5,9:``: 1, 0, 1, 0.
+    """
+    terms = [int(t) for t in problem.prompt.rstrip(":").split(",")]
+    body, hash_sign, _ = response.partition("#")
+    steps, total = [], terms[0]
+    for k, piece in enumerate(re.finditer(r"[^,]+", body)):
+        parsed = re.fullmatch(r"(\d+)\+(\d+)=(\d+)", piece.group())
+        a, b, c = map(int, parsed.groups()) if parsed else (None, None, None)
+        right = parsed is not None and k + 1 < len(terms) and b == terms[k + 1] and c == a + b
+        steps.append((piece.end(), float(right and (total is None or a == total))))
+        total = c
+    if hash_sign:
+        steps.append((len(response.rstrip()), SumsTask.score(response, problem)))
+    return steps
 
 
 def worked(terms: list[int], carry_drop: float, rng: random.Random) -> str:
@@ -89,8 +121,9 @@ class FileTask:
         answer_pattern: str | None,
         verifier_timeout: float,
         chat_template: bool,
+        step_verifier: str | None = None,
     ):
-        from rlx_cli.verifiers import load_verifier
+        from rlx_cli.verifiers import import_function, load_verifier
 
         rows = read_rows(path, "task.path", (prompt_field, answer_field))
         if eval_path:
@@ -104,6 +137,8 @@ class FileTask:
         self.train = [self.problem(r) for r in rows]
         self.eval_problems = [self.problem(r) for r in eval_rows]
         self.verify = load_verifier(verifier, answer_pattern)
+        self.step_verify = import_function("task.step_verifier", step_verifier) if step_verifier else None
+        self.scores_steps = self.step_verify is not None
         self.timeout = verifier_timeout
         self.chat_template = chat_template
         self.reward_errors = 0  # verifier exceptions and time-outs so far, each scored 0
@@ -128,6 +163,15 @@ class FileTask:
         rewards, errors = score_all(self.verify, [(r, p.answer) for r, p in zip(responses, problems)], self.timeout)
         self.reward_errors += errors
         return rewards
+
+    def score_steps(self, responses: list[str], problems: list[Problem]) -> list[list[tuple[int, float]]]:
+        """``task.step_verifier(response, answer, prompt)`` on every response (see ``rlx_cli/verifiers.py``)."""
+        from rlx_cli.verifiers import score_steps_all
+
+        calls = [(r, p.answer, p.prompt) for r, p in zip(responses, problems)]
+        steps, errors = score_steps_all(self.step_verify, calls, self.timeout)
+        self.reward_errors += errors
+        return steps
 
 
 def read_rows(path, key: str, fields: tuple[str, ...]) -> list[dict]:

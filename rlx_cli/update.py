@@ -120,13 +120,15 @@ def micro_loss(comp: dict, t: dict, entropy: torch.Tensor, agg_mode: str) -> tup
     """The policy's loss on one micro-batch, aggregated over it (``t``: its ``[b, t]`` tensors by name) -> (the
     policy loss on the token filter's selection − entropy bonus + KL in the loss, its metrics).
 
-    The token filter (``token_filter``, from the current policy's ``entropy``) picks the tokens that carry the
-    policy gradient; its ``normalizer`` wiring key divides by the selected tokens (``selected``) or by every real
-    token (``all``, exact for every mode but ``seq_mean_token_mean``, which validation refuses).
+    The token filter (``token_filter``, from the current policy's ``entropy`` or the sampling policy's
+    ``old_logp``) picks the tokens that carry the policy gradient; its ``normalizer`` wiring key divides by the
+    selected tokens (``selected``) or by every real token (``all``, exact for every mode but
+    ``seq_mean_token_mean``, which validation refuses).
     """
     kl, pl, token_filter = comp["kl"], comp["policy_loss"], comp["token_filter"]
     real = t["mask"]
-    selected = token_filter({"entropy": entropy.detach(), "mask": real})  # [b, t] bool: all real tokens by default
+    inputs = {"entropy": entropy.detach(), "mask": real, "old_logp": t["old_logp"]}
+    selected = token_filter(inputs)  # [b, t] bool: all real tokens by default
     pg_loss, pg_metrics = pl({**t, "mask": selected}, agg=agg_mode)
     if token_filter.wiring["normalizer"] == "all":
         pg_loss = pg_loss * share(denominator(selected, mode=agg_mode), float(denominator(real, mode=agg_mode)), False)

@@ -17,8 +17,10 @@ from omegaconf import DictConfig, OmegaConf
 from rlx_cli.errors import UserError
 from rlx_cli.precision import PRECISIONS, resolve
 from rlx_cli.sharding import STRATEGIES
+from rlx_cli.wiring import unused_groups
 
 INF = math.inf
+LOOPS = {"rl": "rlx_cli.loop", "rft": "rlx_cli.rft"}  # trainer.loop -> the module whose train() runs the steps
 # key: (type, low, high) inclusive, or (type, allowed choices)
 ENGINE_KEYS: dict[str, tuple] = {
     "seed": (int, 0, 2**32 - 1),
@@ -35,6 +37,10 @@ ENGINE_KEYS: dict[str, tuple] = {
     "rollout.sleep": (bool, (True, False)),
     "rollout.enforce_eager": (bool, (True, False)),
     "rollout.kv_cache_gib": (int, 1, 1_000_000),
+    "rollout.spo.continuations": (int, 1, 10_000),
+    "rollout.spo.cutpoint_interval": (int, 1, 1_000_000),
+    "rollout.spo.unfinished_reward": (float, -INF, INF),
+    "trainer.loop": (str, tuple(LOOPS)),
     "trainer.steps": (int, 1, 10_000_000),
     "trainer.device": (str, ("auto", "cpu", "cuda")),
     "trainer.eval_every": (int, 0, 10_000_000),
@@ -100,6 +106,11 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(
             "token_filter.normalizer=all divides by every real token, which loss_agg.mode=seq_mean_token_mean cannot "
             "do per row (valid: token_filter.normalizer=selected, or another loss_agg.mode)"
+        )
+    if cfg.trainer.loop == "rft" and "critic" not in unused_groups(cfg):
+        raise UserError(
+            f"trainer.loop=rft trains no critic, but advantage={cfg.advantage.name} needs one "
+            "(valid: an advantage without values, e.g. advantage=grpo, or trainer.loop=rl)"
         )
     if cfg.trainer.lr is None:
         raise UserError(f"trainer.lr is not set and model.lr has no rate for model.finetune={cfg.model.finetune}")

@@ -64,13 +64,14 @@ class VLLMSampler(HFSampler):
         )
 
     @torch.no_grad()
-    def generate(self, model, prompts: list[str], *, temperature: float, max_new_tokens: int) -> Rollout:
-        """``model`` is unused: the engine holds the policy's weights as of the last ``sync``."""
+    def generate(self, model, prompts: list[str], *, temperature: float, max_new_tokens: int, prefixes=None) -> Rollout:
+        """``model`` is unused: the engine holds the policy's weights as of the last ``sync``. ``prefixes``: as
+        ``HFSampler.generate`` (each request's prompt tokens end with its prefix)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         self.wake()
-        enc = self.encode(prompts)
+        enc = self.encode(prompts, prefixes)
         token_ids = [ids[m.bool()].tolist() for ids, m in zip(enc["input_ids"], enc["attention_mask"])]
         # one seed per request, drawn from torch's generator: runs repeat, and equal prompts still differ
         first = int(torch.randint(2**31 - len(prompts), ()))

@@ -64,6 +64,11 @@ def write(name: str, text: str):
     return setup
 
 
+def model_and_rows(workdir: Path) -> None:
+    tiny_model(workdir / "model")
+    (workdir / "d.jsonl").write_text(ROWS)
+
+
 def an_experiment(workdir: Path) -> None:
     import mlflow
 
@@ -107,6 +112,8 @@ CASES = [
     ("type-bool", [*TRAIN, "trainer.resume=maybe"], ["trainer.resume", "bool"], None, None),
     ("choice-finetune", [*TRAIN, "model.finetune=qlora"], ["model.finetune", "lora"], None, None),
     ("choice-kl-kind", [*TRAIN, "kl=estimate", "kl.kind=k9"], ["kl.kind", "k3"], None, None),
+    ("choice-loop", [*TRAIN, "trainer.loop=dpo"], ["trainer.loop", "rl, rft"], None, None),
+    ("rft-with-a-critic", [*TRAIN, "algo=rft", "advantage=gae"], ["trainer.loop=rft", "advantage=gae"], None, None),
     # ranges
     ("range-eps-high", [*TRAIN, "policy_loss.eps_high=1.5"], ["policy_loss.eps_high", "valid"], None, None),
     ("range-eps-low", [*TRAIN, "policy_loss.eps_low=-0.1"], ["policy_loss.eps_low", "valid"], None, None),
@@ -154,6 +161,10 @@ CASES = [
      write("d.jsonl", "")),
     ("data-malformed", [*LOAD, "task=jsonl", "task.path=d.jsonl"], ["task.path=d.jsonl"], None,
      write("d.jsonl", '{"prompt": "1+1=", "answer": \n')),
+    ("step-verifier-missing", [*LOAD, "task=jsonl", "task.path=d.jsonl", "task.step_verifier=nope:steps"],
+     ["task.step_verifier=nope:steps"], None, write("d.jsonl", ROWS)),
+    ("steps-without-a-step-verifier", [*LOAD, "algo=grpo_process", "model=hf", "model.path=model", "task=jsonl",
+     "task.path=d.jsonl"], ["advantage=grpo_process", "task.step_verifier"], None, model_and_rows),
     ("data-missing-field", [*LOAD, "task=jsonl", "task.path=d.jsonl", "task.answer_field=solution"],
      ["task.path=d.jsonl", "solution"], None, write("d.jsonl", ROWS)),
     # tracking, reports, the UI

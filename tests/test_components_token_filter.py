@@ -48,9 +48,9 @@ def test_empty_mask_selects_nothing():
     assert out.dtype == torch.bool and out.shape == (2, 4) and not out.any()
 
 
-def test_none_selects_every_real_token_and_both_are_registered():
+def test_none_selects_every_real_token_and_all_are_registered():
     assert token_filter.none(MASK).tolist() == (MASK > 0).tolist()
-    assert registry.names("token_filter") == ["high_entropy", "none"]
+    assert registry.names("token_filter") == ["high_entropy", "low_probability", "none"]  # low_probability: SPO
 
 
 def test_selection_metrics():

@@ -12,6 +12,8 @@ CONF = Path(__file__).parents[1] / "conf"
 GROUPS = sorted(registry.WIRING_KEYS)
 # the engine dispatches advantage inputs by parameter name
 ADVANTAGE_INPUTS = {"token_rewards", "values", "mask", "scores", "group_index"}
+# and the rollout stages' annotations (rlx_cli/credit.py)
+ADVANTAGE_INPUTS |= {"step_rewards", "step_ends", "cut_values", "cuts", "token_probs"}
 
 
 def yamls(group):
