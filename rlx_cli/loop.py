@@ -137,18 +137,24 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             advance(reward=metrics["train/reward"], acc=last["eval/accuracy"])
 
             # 9. checkpoint every ckpt_every steps, at the end, and when a signal asks the run to stop
-            state.step = step
-            stop.requested = distributed.first_signal(stop.requested)  # every process stops after the same step
-            due = trainer.ckpt_every and (step % trainer.ckpt_every == 0 or step == trainer.steps)
-            if due or stop.requested:
-                tracker.flush()  # the metrics of every step up to a checkpoint are stored before it exists
-                saved = checkpoint.save(trainer.output_dir, parts, state, trainer.keep_ckpts)
-            if stop.requested:
-                raise stop.stop(
-                    f"checkpoint {saved} after step {step}; go on with trainer.resume=true "
-                    f"trainer.output_dir={trainer.output_dir}"
-                )
+            end_step(trainer, parts, tracker, stop, state, step)
     return last
+
+
+def end_step(trainer, parts: Parts, tracker, stop: StopRequests, state: TrainState, step: int) -> None:
+    """Step ``step`` is done: a checkpoint every ``trainer.ckpt_every`` steps, at the end, and when a signal asks the
+    run to stop (then ``Stopped`` is raised). Every training mode ends its steps with it."""
+    state.step = step
+    stop.requested = distributed.first_signal(stop.requested)  # every process stops after the same step
+    due = trainer.ckpt_every and (step % trainer.ckpt_every == 0 or step == trainer.steps)
+    if due or stop.requested:
+        tracker.flush()  # the metrics of every step up to a checkpoint are stored before it exists
+        saved = checkpoint.save(trainer.output_dir, parts, state, trainer.keep_ckpts)
+    if stop.requested:
+        raise stop.stop(
+            f"checkpoint {saved} after step {step}; go on with trainer.resume=true "
+            f"trainer.output_dir={trainer.output_dir}"
+        )
 
 
 def kl_in_reward(kl) -> bool:
@@ -206,7 +212,7 @@ def sample_groups(cfg, parts: Parts, step: int):
     size = rollout.group_size
     distributed.seed_sampling(cfg.seed, step)
     wanted = len(distributed.shard(range(rollout.prompts_per_step)))  # N processes: each its block of the prompts
-    kept_batches, kept_scores, groups, draws = [], [], 0, 0
+    kept_batches, kept_scores, groups, draws, scoring = [], [], 0, 0, 0.0
     while groups < wanted and draws < (rollout.max_draws if rollout.dynamic_sampling else 1):
         problems = task.train_problems(rollout.prompts_per_step, seed=cfg.seed, step=step, draw=draws)
         problems = [p for p in distributed.shard(problems) for _ in range(size)]
@@ -217,7 +223,9 @@ def sample_groups(cfg, parts: Parts, step: int):
                 temperature=rollout.temperature,
                 max_new_tokens=rollout.max_new_tokens,
             )
+        started = time.perf_counter()
         scores = torch.tensor(task.score_batch(batch.texts, problems))
+        scoring += time.perf_counter() - started  # the verifier's time; a judge model's forwards (task.verifier=judge)
         draws += 1
         keep = torch.ones(wanted, dtype=torch.bool)
         if rollout.dynamic_sampling:
@@ -243,6 +251,7 @@ def sample_groups(cfg, parts: Parts, step: int):
             "train/groups": float(groups),
             "train/draws": float(draws),
             "train/reward_errors": float(task.reward_errors),  # cumulative verifier exceptions and time-outs
+            "perf/score_s": scoring,
         },
     )
 
@@ -299,5 +308,5 @@ def evaluate(cfg, parts: Parts) -> dict[str, float]:
 
 
 def summary(metrics: dict[str, float]) -> str:
-    keys = ("eval/accuracy", "eval/accuracy_sampled", "train/reward")
+    keys = ("eval/accuracy", "eval/accuracy_sampled", "eval/preference_accuracy", "train/reward")
     return "  ".join(f"{k} {metrics[k]:.3f}" for k in keys if k in metrics)

@@ -6,6 +6,7 @@ Exit codes: 0 done, 2 a mistake in the input (nothing run, nothing written), 1 t
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import sys
@@ -22,6 +23,9 @@ from rlx_cli.progress import Progress
 from rlx_cli.signals import Stopped, StopRequests
 from rlx_cli.track import git_sha, make_tracker, tracking_uri, write_json
 from rlx_cli.validate import validate
+
+# trainer.mode -> the module whose train(cfg, parts, tracker, progress, stop, state) runs the steps
+TRAINING_MODES = {"rl": "rlx_cli.loop", "dpo": "rlx_cli.dpo_loop", "online_dpo": "rlx_cli.online_dpo_loop"}
 
 
 def run_name(cfg: DictConfig) -> str:
@@ -60,8 +64,8 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
     output_dir = Path(job.trainer.output_dir)
     with StopRequests() as stop, exit_on_stop():
         from rlx_cli.build import build
-        from rlx_cli.loop import train
 
+        train = importlib.import_module(TRAINING_MODES[job.trainer.mode]).train
         parts = build(job, progress)
         state = checkpoint.resume(job, parts, progress)
         tracker.start(job, tags, run_id=state.run_id)

@@ -45,8 +45,11 @@ def regex(pattern: str) -> Verifier:
     return check
 
 
-def load_verifier(name: str, answer_pattern: str | None) -> Verifier:
-    """``exact`` | ``math`` | ``regex`` | ``module:function``."""
+def load_verifier(name: str, answer_pattern: str | None) -> Verifier | None:
+    """``exact`` | ``math`` | ``regex`` | ``module:function``; None for ``judge``, a model that scores whole batches
+    (``rlx_cli/judge.py``, wrapped around the task by ``build``)."""
+    if name == "judge":
+        return None
     if name == "exact":
         return exact
     if name == "math":
@@ -64,7 +67,7 @@ def load_verifier(name: str, answer_pattern: str | None) -> Verifier:
             raise UserError(f"task.answer_pattern={answer_pattern!r} is not a valid regex: {error}") from None
     module, _, function = name.partition(":")
     if not function:
-        raise UserError(f"task.verifier={name} is not valid (valid: exact, math, regex, module:function)")
+        raise UserError(f"task.verifier={name} is not valid (valid: exact, math, regex, judge, module:function)")
     try:
         return getattr(importlib.import_module(module), function)
     except (ImportError, AttributeError) as error:
