@@ -61,6 +61,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             metrics.update(
                 {
                     "train/pairs": float(len(chosen)),
+                    "train/response_len": batch.response_mask.sum(1).float().mean().item(),  # chosen and rejected
                     "train/skipped_steps": float(state.skipped),
                     "perf/step_s": time.perf_counter() - started,
                     **loop.gpu_memory(models.device),
@@ -137,15 +138,9 @@ def the_pairs(cfg, parts: Parts, tracker, progress, *, fresh: bool) -> tuple[lis
 def sample_pairs(cfg, parts: Parts, prompts: int) -> list[Pair]:
     """Pairs from ``prompts`` prompts x ``rollout.group_size`` answers of the current policy: best against worst of
     each group by the task's verifier (``preference.best_worst``). N processes: each samples its block, all get all."""
-    task, size, rollout = parts.task, cfg.rollout.group_size, cfg.rollout
+    task, size = parts.task, cfg.rollout.group_size
     problems = [p for p in distributed.shard(task.train_problems(prompts, seed=cfg.seed, step=0)) for _ in range(size)]
-    with parts.engine.sampling():
-        batch = parts.sampler.generate(
-            parts.models.policy,
-            [p.prompt for p in problems],
-            temperature=rollout.temperature,
-            max_new_tokens=rollout.max_new_tokens,
-        )
+    batch = loop.answers(cfg, parts, problems, cfg.rollout.temperature)
     scores = torch.tensor(task.score_batch(batch.texts, problems))
     chosen, rejected, _ = preference.best_worst(scores, torch.arange(len(problems)) // size)
     own = [
