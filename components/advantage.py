@@ -16,6 +16,8 @@ from torch import Tensor
 from components.masked import as_bool, masked_var, masked_whiten
 from components.registry import register
 
+REWARD_NORMS = ("none", "group", "batch")  # reward_norm: z-scored scores before the estimator (Su et al. 2025)
+
 
 def token_rewards(scores: Tensor, mask: Tensor, kl_penalty: Tensor | None = None) -> Tensor:
     """``scores`` ``[B]`` on the last real token of each row, minus ``kl_penalty`` ``[B, T]`` -> ``[B, T]``.
@@ -95,41 +97,58 @@ def grpo(scores: Tensor, group_index: Tensor, mask: Tensor, *, norm_by_std: bool
     return _broadcast(torch.where(size > 1, adv, scores), mask)
 
 
-@register("advantage", "rloo")
-def rloo(scores: Tensor, group_index: Tensor, mask: Tensor) -> Tensor:
+@register("advantage", "rloo", choices={"reward_norm": REWARD_NORMS})
+def rloo(scores: Tensor, group_index: Tensor, mask: Tensor, *, reward_norm: str = "none") -> Tensor:
     """REINFORCE leave-one-out (Ahmadian et al., arXiv 2402.14740) -> ``[B, T]``.
 
     A_i = s_i − mean of the other K − 1 scores of the group = K/(K − 1)·(s_i − group mean), as verl
     ``compute_rloo_outcome_advantage``; no std normalisation. A singleton group gets its raw score.
+    ``reward_norm`` (``group`` | ``batch``) first z-scores the scores (``zscore``), as Su et al. 2025 do for soft
+    rewards from a judge.
     """
-    scores = _floating(scores)
+    scores = zscore(scores, group_index, by=reward_norm)
     mean, _, size = _group_stats(scores, group_index)
     adv = (scores - mean) * size / (size - 1).clamp(min=1)
     return _broadcast(torch.where(size > 1, adv, scores), mask)
 
 
-@register("advantage", "reinforce_pp", ranges={"gamma": (0.0, 1.0)})
-def reinforce_pp(token_rewards: Tensor, mask: Tensor, *, gamma: float = 1.0) -> Tensor:
+@register("advantage", "reinforce_pp", ranges={"gamma": (0.0, 1.0)}, choices={"reward_norm": REWARD_NORMS})
+def reinforce_pp(
+    token_rewards: Tensor,
+    mask: Tensor,
+    scores: Tensor | None = None,
+    group_index: Tensor | None = None,
+    *,
+    gamma: float = 1.0,
+    reward_norm: str = "none",
+) -> Tensor:
     """REINFORCE++ (arXiv 2501.03262): discounted return-to-go per token, whitened over the batch.
 
     ``token_rewards``, ``mask``: ``[B, T]`` -> ``[B, T]``. With the KL penalty folded into
     ``token_rewards`` the return at t carries −β·Σ_{i≥t} KL_i, as in the paper. Whitening is verl's
     ``masked_whiten`` over every real token of the batch (verl
-    ``compute_reinforce_plus_plus_outcome_advantage``).
+    ``compute_reinforce_plus_plus_outcome_advantage``). ``reward_norm`` (``group`` | ``batch``) first replaces
+    each score (``scores`` ``[B]``, on the last real token of ``token_rewards``) by its z-score (``zscore``), the KL
+    penalty kept as it is: soft rewards of a judge (Su et al. 2025) then weigh against the KL at a fixed scale.
     """
+    token_rewards = _normalised_scores(token_rewards, scores, group_index, mask, reward_norm)
     return masked_whiten(_returns_to_go(token_rewards, mask, gamma), mask)
 
 
-@register("advantage", "reinforce_pp_baseline")
-def reinforce_pp_baseline(token_rewards: Tensor, group_index: Tensor, mask: Tensor) -> Tensor:
+@register("advantage", "reinforce_pp_baseline", choices={"reward_norm": REWARD_NORMS})
+def reinforce_pp_baseline(
+    token_rewards: Tensor, group_index: Tensor, mask: Tensor, scores: Tensor | None = None, *, reward_norm: str = "none"
+) -> Tensor:
     """REINFORCE++ with a group baseline (arXiv 2501.03262, k > 1 samples per prompt) -> ``[B, T]``.
 
     G_t = Σ_{i≥t} r_i (γ = 1) minus b = the group mean of the sequence returns G_0 = Σ_t r_t, then
     whitened over every real token of the batch. When ``token_rewards`` holds only the score (KL in
     the loss, as the paper recommends) this equals OpenRLHF ``reinforce_baseline``: subtract the group
     mean of the scores, compute returns, whiten globally. With KL folded into the reward, b here also
-    averages the KL sums (OpenRLHF averages the scores only). A singleton group has b = 0.
+    averages the KL sums (OpenRLHF averages the scores only). A singleton group has b = 0. ``reward_norm`` as in
+    ``reinforce_pp``.
     """
+    token_rewards = _normalised_scores(token_rewards, scores, group_index, mask, reward_norm)
     real = as_bool(mask)
     returns = _returns_to_go(token_rewards, real, 1.0)
     sequence_returns = torch.where(real, token_rewards.detach(), 0).sum(dim=-1)
@@ -237,6 +256,27 @@ def spo_chain(
     if whiten_low_prob:
         return masked_whiten(adv, kept)
     return _zero_padding(adv, kept)
+
+
+def zscore(scores: Tensor, group_index: Tensor | None, *, by: str, eps: float = 1e-6) -> Tensor:
+    """Scores ``[B]`` as z-scores (s − mean) / (std + eps), unbiased std as in ``grpo``: over each group
+    (``by="group"``; a singleton group keeps its raw score, as in ``grpo``) or over the whole batch (``"batch"``);
+    ``"none"`` returns them as they are."""
+    scores = _floating(scores)
+    if by == "none":
+        return scores
+    if by == "batch":
+        std = scores.std() if scores.numel() > 1 else scores.new_zeros(())
+        return (scores - scores.mean()) / (std + eps)
+    mean, std, size = _group_stats(scores, group_index)
+    return torch.where(size > 1, (scores - mean) / (std + eps), scores)
+
+
+def _normalised_scores(rewards: Tensor, scores: Tensor | None, group_index, mask: Tensor, by: str) -> Tensor:
+    """``rewards`` ``[B, T]`` with each row's score, on its last real token, replaced by ``zscore(scores, by=by)``."""
+    if by == "none":
+        return rewards
+    return rewards + token_rewards(zscore(scores, group_index, by=by) - _floating(scores), mask)
 
 
 def _returns_to_go(token_rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:

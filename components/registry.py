@@ -28,6 +28,7 @@ WIRING_KEYS: dict[str, frozenset[str]] = {
     "reward_shaping": frozenset({"overlong_filter"}),  # DAPO's overlong filtering: truncated answers get no loss
     "loss_agg": frozenset(),
     "token_filter": frozenset({"normalizer"}),  # loss_agg over the "selected" tokens (authors) or "all" (TRL)
+    "preference": frozenset({"pool_prompts"}),  # offline DPO without a pairs file: prompts sampled once for pairs
 }
 
 

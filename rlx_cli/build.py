@@ -14,8 +14,9 @@ from omegaconf import DictConfig, OmegaConf
 from rlx_cli import distributed
 from rlx_cli.engine import Engine, map_large_allocations
 from rlx_cli.errors import UserError
+from rlx_cli.judge import judged
 from rlx_cli.models import Models, build_models, pick_device
-from rlx_cli.precision import resolve
+from rlx_cli.precision import frozen_dtype, resolve
 from rlx_cli.rollout import HFSampler
 from rlx_cli.sharding import make_optimizer
 from rlx_cli.tasks import build_task
@@ -79,6 +80,7 @@ def build(cfg: DictConfig, progress) -> Parts:
         )
     device = pick_device(cfg.trainer.device)
     precision = resolve(cfg.trainer.precision, device)
+    task = judged(task, cfg.task, device, frozen_dtype(precision, "auto"))  # task.verifier=judge: a model scores
     path = Path(cfg.model.path) if cfg.model.path else ensure_base_model(cfg.model, cfg.task, task, progress, device)
     components = components_of(cfg)
     if components["advantage"].takes("step_rewards") and not getattr(task, "scores_steps", False):

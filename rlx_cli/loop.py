@@ -222,18 +222,14 @@ def sample_groups(cfg, parts: Parts, step: int):
     size = rollout.group_size
     distributed.seed_sampling(cfg.seed, step)
     wanted = len(distributed.shard(range(rollout.prompts_per_step)))  # N processes: each its block of the prompts
-    kept_batches, kept_scores, kept_problems, groups, draws = [], [], [], 0, 0
+    kept_batches, kept_scores, kept_problems, groups, draws, scoring = [], [], [], 0, 0, 0.0
     while groups < wanted and draws < (rollout.max_draws if rollout.dynamic_sampling else 1):
         problems = task.train_problems(rollout.prompts_per_step, seed=cfg.seed, step=step, draw=draws)
         problems = [p for p in distributed.shard(problems) for _ in range(size)]
-        with parts.engine.sampling():
-            batch = parts.sampler.generate(
-                parts.models.policy,
-                [p.prompt for p in problems],
-                temperature=rollout.temperature,
-                max_new_tokens=rollout.max_new_tokens,
-            )
+        batch = answers(cfg, parts, problems, rollout.temperature)
+        started = time.perf_counter()
         scores = torch.tensor(task.score_batch(batch.texts, problems))
+        scoring += time.perf_counter() - started  # the verifier's time; a judge model's forwards (task.verifier=judge)
         draws += 1
         keep = torch.ones(wanted, dtype=torch.bool)
         if rollout.dynamic_sampling:
@@ -262,8 +258,20 @@ def sample_groups(cfg, parts: Parts, step: int):
             "train/draws": float(draws),
             "train/reward_errors": float(task.reward_errors),  # cumulative verifier exceptions and time-outs
             **annotated,
+            "perf/score_s": scoring,
         },
     )
+
+
+def answers(cfg, parts: Parts, problems: list, temperature: float) -> Rollout:
+    """The policy's answers to ``problems`` (one each, ``rollout.max_new_tokens`` at most; greedy at temperature 0)."""
+    with parts.engine.sampling():
+        return parts.sampler.generate(
+            parts.models.policy,
+            [p.prompt for p in problems],
+            temperature=temperature,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+        )
 
 
 def pretrain_value(cfg, parts: Parts, tracker, progress, stop: StopRequests, state: TrainState) -> None:
@@ -295,7 +303,7 @@ def evaluate(cfg, parts: Parts) -> dict[str, float]:
 
     N processes: each evaluates its block of the prompts; the counts are summed.
     """
-    task, policy = parts.task, parts.models.policy
+    task = parts.task
     problems, total = distributed.shard(task.eval_problems), len(task.eval_problems)
     out = {}
     devices = torch.random.fork_rng()  # evaluation must not shift the training samples' random stream
@@ -303,13 +311,7 @@ def evaluate(cfg, parts: Parts) -> dict[str, float]:
         for name, temperature in (("accuracy", 0.0), ("accuracy_sampled", cfg.rollout.temperature)):
             correct, tokens = 0.0, 0.0
             if problems:  # more processes than prompts leave some without
-                with parts.engine.sampling():
-                    batch = parts.sampler.generate(
-                        policy,
-                        [p.prompt for p in problems],
-                        temperature=temperature,
-                        max_new_tokens=cfg.rollout.max_new_tokens,
-                    )
+                batch = answers(cfg, parts, problems, temperature)
                 correct, tokens = sum(task.score_batch(batch.texts, problems)), batch.response_mask.sum().item()
             out[f"eval/{name}"] = distributed.total(correct) / total
             if name == "accuracy":
@@ -318,5 +320,5 @@ def evaluate(cfg, parts: Parts) -> dict[str, float]:
 
 
 def summary(metrics: dict[str, float]) -> str:
-    keys = ("eval/accuracy", "eval/accuracy_sampled", "train/reward")
+    keys = ("eval/accuracy", "eval/accuracy_sampled", "eval/preference_accuracy", "train/reward")
     return "  ".join(f"{k} {metrics[k]:.3f}" for k in keys if k in metrics)

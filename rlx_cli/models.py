@@ -42,16 +42,24 @@ class Models:
         return next(self.policy.parameters()).device
 
 
-def load_pretrained(path: Path, model_cfg: DictConfig, dtype: torch.dtype):
-    """(causal LM, tokenizer) from a local ``save_pretrained`` directory; one clear line if it is not one."""
+def from_pretrained(path: Path, key: str, dtype: torch.dtype, *, trust_remote_code: bool):
+    """(causal LM, tokenizer) from a local ``save_pretrained`` directory; one clear line naming ``key`` if it is not
+    one."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, json.JSONDecodeError, SafetensorError) as error:  # a truncated or corrupt file
-        raise UserError(f"model.path={path} cannot be loaded: {str(error).splitlines()[0]}") from error
+        raise UserError(f"{key}={path} cannot be loaded: {str(error).splitlines()[0]}") from error
+    return model, tokenizer
+
+
+def load_pretrained(path: Path, model_cfg: DictConfig, dtype: torch.dtype):
+    """(causal LM, tokenizer) of the policy from a local ``save_pretrained`` directory; one clear line if it is not
+    one, or if its logits are not the head's."""
+    model, tokenizer = from_pretrained(path, "model.path", dtype, trust_remote_code=model_cfg.trust_remote_code)
     altered = postprocessed_logits(model.config)
     if altered:
         raise UserError(

@@ -6,6 +6,7 @@ Exit codes: 0 done, 2 a mistake in the input (nothing run, nothing written), 1 t
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import sys
@@ -59,11 +60,9 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
     tracker.connect()  # a bad tracking URI fails here, before any work
     output_dir = Path(job.trainer.output_dir)
     with StopRequests() as stop, exit_on_stop():
-        from importlib import import_module
-
         from rlx_cli.build import build
 
-        train = import_module(LOOPS[job.trainer.loop]).train  # rl: loop.py; rft: rft.py
+        train = importlib.import_module(LOOPS[job.trainer.loop]).train  # rlx_cli/validate.py LOOPS
         parts = build(job, progress)
         state = checkpoint.resume(job, parts, progress)
         tracker.start(job, tags, run_id=state.run_id)

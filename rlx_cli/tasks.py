@@ -32,11 +32,13 @@ class SumsTask:
     reward_errors = 0  # the exact verifier cannot fail
     scores_steps = True  # every a+b=c step is checkable (sum_steps)
 
-    def __init__(self, *, min_terms: int, max_terms: int, eval_size: int, eval_seed: int):
+    def __init__(self, *, min_terms: int, max_terms: int, eval_size: int, eval_seed: int, verifier: str = "exact"):
         if not 2 <= min_terms <= max_terms:
             raise UserError(
                 f"task.min_terms={min_terms}, task.max_terms={max_terms} (valid: 2 <= min_terms <= max_terms)"
             )
+        if verifier not in ("exact", "judge"):  # judge: a model scores instead (rlx_cli/judge.py wraps the task)
+            raise UserError(f"task.verifier={verifier} is not valid for task=sums (valid: exact, judge)")
         self.min_terms, self.max_terms = min_terms, max_terms
         self.eval_problems = [self.problem(t) for t in self._draw(random.Random(eval_seed), eval_size)]
 
@@ -125,14 +127,7 @@ class FileTask:
     ):
         from rlx_cli.verifiers import import_function, load_verifier
 
-        rows = read_rows(path, "task.path", (prompt_field, answer_field))
-        if eval_path:
-            eval_rows = read_rows(eval_path, "task.eval_path", (prompt_field, answer_field))
-        else:
-            if not 0 < eval_fraction < 1:
-                raise UserError(f"task.eval_fraction={eval_fraction} is out of range (valid: between 0 and 1)")
-            cut = max(1, round(len(rows) * (1 - eval_fraction)))
-            rows, eval_rows = rows[:cut], rows[cut:] or rows[-1:]
+        rows, eval_rows = train_and_eval_rows(path, eval_path, eval_fraction, (prompt_field, answer_field))
         self.template, self.prompt_field, self.answer_field = template, prompt_field, answer_field
         self.train = [self.problem(r) for r in rows]
         self.eval_problems = [self.problem(r) for r in eval_rows]
@@ -144,11 +139,7 @@ class FileTask:
         self.reward_errors = 0  # verifier exceptions and time-outs so far, each scored 0
 
     def problem(self, row: dict) -> Problem:
-        try:
-            prompt = self.template.format(**{**row, "prompt": row[self.prompt_field]})
-        except (KeyError, IndexError, ValueError) as error:
-            raise UserError(f"task.template={self.template!r} does not fit the rows: {error}") from None
-        return Problem(prompt=prompt, answer=str(row[self.answer_field]))
+        return Problem(prompt=formatted(self.template, row, self.prompt_field), answer=str(row[self.answer_field]))
 
     def train_problems(self, n: int, *, seed: int, step: int, draw: int = 0) -> list[Problem]:
         rng = random.Random(f"train-{seed}-{step}-{draw}")
@@ -174,8 +165,31 @@ class FileTask:
         return steps
 
 
-def read_rows(path, key: str, fields: tuple[str, ...]) -> list[dict]:
-    """Rows of a ``.jsonl``/``.json`` or ``.parquet`` file; one clear line for every way it can be wrong."""
+FIELD_KEYS = "task.prompt_field / task.answer_field"  # the settings that name a file's fields
+
+
+def formatted(template: str, row: dict, prompt_field: str) -> str:
+    """``task.template`` filled from ``row`` (``{prompt}`` is its prompt field); one line if it does not fit."""
+    try:
+        return template.format(**{**row, "prompt": row[prompt_field]})
+    except (KeyError, IndexError, ValueError) as error:
+        raise UserError(f"task.template={template!r} does not fit the rows: {error}") from None
+
+
+def train_and_eval_rows(path, eval_path, eval_fraction: float, fields: tuple[str, ...], keys: str = FIELD_KEYS):
+    """(training rows, held-out rows): ``task.eval_path``'s rows, or the last ``task.eval_fraction`` of the file's."""
+    rows = read_rows(path, "task.path", fields, keys)
+    if eval_path:
+        return rows, read_rows(eval_path, "task.eval_path", fields, keys)
+    if not 0 < eval_fraction < 1:
+        raise UserError(f"task.eval_fraction={eval_fraction} is out of range (valid: between 0 and 1)")
+    cut = max(1, round(len(rows) * (1 - eval_fraction)))
+    return rows[:cut], rows[cut:] or rows[-1:]
+
+
+def read_rows(path, key: str, fields: tuple[str, ...], keys: str = FIELD_KEYS) -> list[dict]:
+    """Rows of a ``.jsonl``/``.json`` or ``.parquet`` file; one clear line for every way it can be wrong (``keys``:
+    the settings that name the ``fields``)."""
     import pandas as pd
 
     file = Path(str(path)).expanduser()
@@ -198,15 +212,20 @@ def read_rows(path, key: str, fields: tuple[str, ...]) -> list[dict]:
     missing = [f for f in fields if f not in frame.columns]
     if missing:
         raise UserError(
-            f"{key}={path} has no field {missing[0]!r} (fields: {', '.join(map(str, frame.columns))}); "
-            "set task.prompt_field / task.answer_field"
+            f"{key}={path} has no field {missing[0]!r} (fields: {', '.join(map(str, frame.columns))}); set {keys}"
         )
     return frame.to_dict("records")
 
 
-TASKS = {"sums": SumsTask, "jsonl": FileTask}
+def pairs_task(**params):
+    from rlx_cli.pairs import PairsTask  # preference pairs for algo=dpo
+
+    return PairsTask(**params)
+
+
+TASKS = {"sums": SumsTask, "jsonl": FileTask, "pairs": pairs_task}
 
 
 def build_task(cfg: DictConfig) -> SumsTask | FileTask:
-    params = {k: v for k, v in cfg.items() if k != "name"}
+    params = {k: v for k, v in cfg.items() if k not in ("name", "judge")}  # the judge: rlx_cli/judge.py
     return TASKS[cfg.name](**params)

@@ -20,7 +20,8 @@ from rlx_cli.sharding import STRATEGIES
 from rlx_cli.wiring import unused_groups
 
 INF = math.inf
-LOOPS = {"rl": "rlx_cli.loop", "rft": "rlx_cli.rft"}  # trainer.loop -> the module whose train() runs the steps
+# trainer.loop -> the module whose train(cfg, parts, tracker, progress, stop, state) runs the steps
+LOOPS = {"rl": "rlx_cli.loop", "rft": "rlx_cli.rft", "dpo": "rlx_cli.dpo_loop", "online_dpo": "rlx_cli.online_dpo_loop"}
 # key: (type, low, high) inclusive, or (type, allowed choices)
 ENGINE_KEYS: dict[str, tuple] = {
     "seed": (int, 0, 2**32 - 1),
@@ -75,6 +76,11 @@ ENGINE_KEYS: dict[str, tuple] = {
     "advantage.whiten": (bool, (True, False)),
     "advantage.clip": (float, 1e-6, INF),
     "token_filter.normalizer": (str, ("selected", "all")),
+    "preference.pool_prompts": (int, 1, 10_000_000),
+    "task.judge.hard": (bool, (True, False)),
+    "task.judge.final_step": (bool, (True, False)),
+    "task.judge.chat_template": (bool, (True, False)),
+    "task.judge.rows": (int, 1, 1_000_000),
 }
 
 
@@ -114,7 +120,8 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.trainer.lr is None:
         raise UserError(f"trainer.lr is not set and model.lr has no rate for model.finetune={cfg.model.finetune}")
-    for key in ("model.path", "critic.init"):  # critic.init may also be "policy"
+    check_loop(cfg)
+    for key in ("model.path", "critic.init", "task.judge.path"):  # critic.init may also be "policy"
         value = OmegaConf.select(cfg, key, default=None)
         if value and value != "policy" and not (Path(str(value)) / "config.json").is_file():
             raise UserError(f"{key}={value} is not a Hugging Face model directory (no config.json)")
@@ -131,6 +138,22 @@ def validate(cfg: DictConfig) -> None:
             f"trainer.minibatches={cfg.trainer.minibatches} exceeds the {rows} samples per step "
             f"(valid: 1 to rollout.prompts_per_step x rollout.group_size)"
         )
+
+
+def check_loop(cfg: DictConfig) -> None:
+    """What a training loop needs of the task and the samples (``trainer.loop``, set by the presets)."""
+    mode, task, size = cfg.trainer.loop, cfg.task.name, cfg.rollout.group_size
+    if task == "pairs" and mode != "dpo":
+        raise UserError(
+            f"task=pairs holds preference pairs, which trainer.loop={mode} cannot train on (valid: algo=dpo)"
+        )
+    if (mode == "online_dpo" or mode == "dpo" and task != "pairs") and size < 2:
+        raise UserError(
+            f"rollout.group_size={size}: trainer.loop={mode} pairs the best and the worst answer of each group "
+            "(valid: 2 or more)"
+        )
+    if cfg.task.get("verifier") == "judge" and not cfg.task.judge.path:
+        raise UserError("task.verifier=judge needs task.judge.path (valid: a local Hugging Face causal LM directory)")
 
 
 def precision_of(cfg: DictConfig) -> str:

@@ -50,8 +50,11 @@ def regex(pattern: str) -> Verifier:
     return check
 
 
-def load_verifier(name: str, answer_pattern: str | None) -> Verifier:
-    """``exact`` | ``math`` | ``regex`` | ``module:function``."""
+def load_verifier(name: str, answer_pattern: str | None) -> Verifier | None:
+    """``exact`` | ``math`` | ``regex`` | ``module:function``; None for ``judge``, a model that scores whole batches
+    (``rlx_cli/judge.py``, wrapped around the task by ``build``)."""
+    if name == "judge":
+        return None
     if name == "exact":
         return exact
     if name == "math":
@@ -67,7 +70,7 @@ def load_verifier(name: str, answer_pattern: str | None) -> Verifier:
             return regex(answer_pattern)
         except re.error as error:
             raise UserError(f"task.answer_pattern={answer_pattern!r} is not a valid regex: {error}") from None
-    return import_function("task.verifier", name, "exact, math, regex, module:function")
+    return import_function("task.verifier", name, "exact, math, regex, judge, module:function")
 
 
 def import_function(key: str, name: str, valid: str = "module:function") -> Callable:

@@ -17,4 +17,9 @@ def unused_groups(cfg: DictConfig) -> set[str]:
         unused.add("lam_schedule")
     if "values" not in params:
         unused |= {"critic", "value_pretrain", "value_loss"}
+    if cfg.trainer.loop == "rl":
+        unused.add("preference")
+    else:  # DPO's modes (rlx_cli/dpo_loop.py, online_dpo_loop.py) use the preference loss alone
+        unused |= {"advantage", "lam_schedule", "policy_loss", "loss_agg", "kl", "lm_loss", "reward_shaping"}
+        unused |= {"token_filter", "critic", "value_pretrain", "value_loss"}
     return unused

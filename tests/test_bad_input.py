@@ -88,6 +88,16 @@ def corrupt_checkpoint(workdir: Path) -> None:
     (ckpt / "policy.safetensors").write_bytes(b"\x00" * 10)
 
 
+def judge_without_config(workdir: Path) -> None:
+    (workdir / "judge").mkdir()
+    (workdir / "judge" / "tokenizer.json").write_text("{}")
+
+
+def judge_model(workdir: Path) -> None:
+    tiny_model(workdir / "judge")
+
+
+PAIR_ROWS = "".join(json.dumps({"prompt": f"{i},1:", "chosen": f"{i}+1={i + 1}#{i + 1}"}) + "\n" for i in range(9))
 ROWS = "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(10))
 UNREACHABLE = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}  # loopback, a port nothing listens on
 NO_VLLM = {"PYTHONPATH": str(Path(__file__).parent / "no_vllm")}  # vllm unimportable, also where it is installed
@@ -112,7 +122,7 @@ CASES = [
     ("type-bool", [*TRAIN, "trainer.resume=maybe"], ["trainer.resume", "bool"], None, None),
     ("choice-finetune", [*TRAIN, "model.finetune=qlora"], ["model.finetune", "lora"], None, None),
     ("choice-kl-kind", [*TRAIN, "kl=estimate", "kl.kind=k9"], ["kl.kind", "k3"], None, None),
-    ("choice-loop", [*TRAIN, "trainer.loop=dpo"], ["trainer.loop", "rl, rft"], None, None),
+    ("choice-loop", [*TRAIN, "trainer.loop=dpo_typo"], ["trainer.loop", "rl, rft, dpo, online_dpo"], None, None),
     ("rft-with-a-critic", [*TRAIN, "algo=rft", "advantage=gae"], ["trainer.loop=rft", "advantage=gae"], None, None),
     # ranges
     ("range-eps-high", [*TRAIN, "policy_loss.eps_high=1.5"], ["policy_loss.eps_high", "valid"], None, None),
@@ -167,6 +177,17 @@ CASES = [
      "task.path=d.jsonl"], ["advantage=grpo_process", "task.step_verifier"], None, model_and_rows),
     ("data-missing-field", [*LOAD, "task=jsonl", "task.path=d.jsonl", "task.answer_field=solution"],
      ["task.path=d.jsonl", "solution"], None, write("d.jsonl", ROWS)),
+    # preferences and judges
+    ("pairs-missing-field", [*LOAD, "algo=dpo", "task=pairs", "task.path=p.jsonl"],
+     ["task.path=p.jsonl", "'rejected'", "task.rejected_field"], None, write("p.jsonl", PAIR_ROWS)),
+    ("pairs-for-rl", [*TRAIN, "task=pairs", "task.path=p.jsonl"], ["task=pairs", "algo=dpo"], None, None),
+    ("online-dpo-group-size", [*TRAIN, "algo=online_dpo", "rollout.group_size=1"],
+     ["rollout.group_size=1", "2 or more"], None, None),
+    ("judge-path-unset", [*TRAIN, "task.verifier=judge"], ["task.verifier=judge", "task.judge.path"], None, None),
+    ("judge-no-config", [*TRAIN, "task.verifier=judge", "task.judge.path=judge"], ["task.judge.path=judge",
+     "config.json"], None, judge_without_config),
+    ("judge-yes-multi-token", [*LOAD, "task.verifier=judge", "task.judge.path=judge", "task.judge.yes=YES",
+     "task.judge.no=0"], ["task.judge.yes='YES'", "3 tokens"], None, judge_model),
     # tracking, reports, the UI
     ("tracking-unreachable", TRAIN, ["MLFLOW_TRACKING_URI=http://127.0.0.1:9"], UNREACHABLE, None),
     ("report-unknown-experiment", ["report", "--experiment", "nope"], ["nope"], None, an_experiment),
