@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlx_cli import distributed
-from rlx_cli.engine import Engine, map_large_allocations
+from rlx_cli.engine import Engine
 from rlx_cli.errors import UserError
 from rlx_cli.judge import judged
 from rlx_cli.models import Models, build_models, pick_device
@@ -67,7 +67,6 @@ def build(cfg: DictConfig, progress) -> Parts:
 
     from rlx_cli.base_model import ensure_base_model
 
-    map_large_allocations()
     hf_logging.disable_progress_bar()  # our own bars say what is happening
     hf_logging.set_verbosity_error()
     if cfg.trainer.threads:

@@ -3,8 +3,8 @@
 Both are added to each process's sampled batch (``loop.sample_groups``) as named ``[B, T]`` tensors in
 ``Rollout.annotations``, which the loop passes to the advantage by name:
 
-- **Step rewards** (process supervision, DeepSeekMath §4.1.3), whenever the task scores steps
-  (``task.scores_steps``: the built-in sums, or ``task=jsonl task.step_verifier=module:function``): each step's
+- **Step rewards** (process supervision, DeepSeekMath §4.1.3), when the advantage takes them and the task scores
+  steps (``task.scores_steps``: the built-in sums, or ``task=jsonl task.step_verifier=module:function``): each step's
   (end, reward) goes to the token that holds the step's last character, found through the tokenizer
   (``token_char_ends``; a step ending inside a token maps to that token). ``step_rewards`` holds the rewards,
   ``step_ends`` 1 there; a token that ends several steps gets the lowest of their rewards. Logged (``step_metrics``):
@@ -36,7 +36,7 @@ def annotate(cfg, parts, batch: Rollout, problems: list) -> tuple[Rollout, dict[
     """``batch`` (this process's sampled rows, on the model's device; ``problems`` one per row) with the annotations
     the task and the advantage call for -> (batch, metrics to sum over processes)."""
     task, metrics = parts.task, {}
-    if getattr(task, "scores_steps", False):
+    if getattr(task, "scores_steps", False) and parts.components["advantage"].takes("step_rewards"):
         steps = task.score_steps(batch.texts, problems)
         batch.annotations.update(step_tensors(steps, batch, parts.models.tokenizer))
     if parts.components["advantage"].takes("cut_values"):

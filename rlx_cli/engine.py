@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from contextlib import contextmanager, nullcontext
 
@@ -27,13 +28,15 @@ from rlx_cli.rollout import Rollout
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
+@functools.cache
 def map_large_allocations() -> None:
-    """Let every host allocation over 1 MiB be a mapping of its own, returned to the system when freed.
+    """From now on, let every host allocation over 1 MiB be a mapping of its own, returned to the system when freed.
 
     glibc serves smaller blocks from a heap that freed tensors fragment, and raises that threshold (up to 32 MiB) as
     large blocks are freed; micro-batch after micro-batch the heap then keeps hundreds of MiB it cannot give back,
     and peak memory grew with the number of micro-batches (64 samples of the scaling benchmark: 1,671 MiB; 943 MiB
-    with the fixed threshold). Linux with glibc only; elsewhere nothing changes.
+    with the fixed threshold). Mapping costs page faults: 15% of the tiny default's step, which never splits a
+    pass, so ``Engine.micro_batches`` turns it on only once a pass splits. Linux with glibc only.
     """
     if not sys.platform.startswith("linux"):
         return
@@ -67,6 +70,8 @@ class Engine:
         """``batch`` under the token budget; under FSDP every process runs as many as the one with the most
         (each forward gathers weights collectively), the extra ones empty (``MicroBatch.padding``)."""
         micro = split(batch, self.budget)
+        if len(micro) > 1:
+            map_large_allocations()
         if self.strategy == "fsdp":
             micro += [MicroBatch.empty_like(micro[0])] * (distributed.largest(len(micro)) - len(micro))
         return micro

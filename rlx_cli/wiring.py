@@ -6,6 +6,8 @@ import inspect
 
 from omegaconf import DictConfig
 
+PREFERENCE_LOOPS = ("dpo", "online_dpo")  # trainer.loop values that train on pairs (dpo_loop.py, online_dpo_loop.py)
+
 
 def unused_groups(cfg: DictConfig) -> set[str]:
     """Groups whose settings cannot change this run: λ without GAE, critic settings without a critic."""
@@ -17,9 +19,9 @@ def unused_groups(cfg: DictConfig) -> set[str]:
         unused.add("lam_schedule")
     if "values" not in params:
         unused |= {"critic", "value_pretrain", "value_loss"}
-    if cfg.trainer.loop == "rl":
-        unused.add("preference")
-    else:  # DPO's modes (rlx_cli/dpo_loop.py, online_dpo_loop.py) use the preference loss alone
+    if cfg.trainer.loop in PREFERENCE_LOOPS:  # they use the preference loss alone
         unused |= {"advantage", "lam_schedule", "policy_loss", "loss_agg", "kl", "lm_loss", "reward_shaping"}
         unused |= {"token_filter", "critic", "value_pretrain", "value_loss"}
+    else:
+        unused.add("preference")
     return unused

@@ -54,7 +54,7 @@ def test_each_overlay_changes_exactly_its_keys_or_refuses(algo, ablate):
     except UserError as error:
         assert f"+ablate={ablate} does not apply to algo={algo}" in str(error)
         return
-    if ablate == "no_group_sampling" and cfg.trainer.loop != "rl":  # DPO's pairs: best vs worst of one answer
+    if ablate == "no_group_sampling" and cfg.trainer.loop in ("dpo", "online_dpo"):  # best vs worst of one answer
         with pytest.raises(UserError, match="rollout.group_size=1"):  # refused (rlx ablate: applicable_overlays)
             validate(cfg)
         return
