@@ -116,7 +116,8 @@ def sweep(
 ) -> None:
     """Run every point of a grid as one `rlx train`, each an MLflow child run of the study's parent run.
 
-    Examples: rlx sweep algo=grpo 'policy_loss.eps_high=0.2,0.28' seed=0,1 --jobs 2 · rlx sweep seed=0,1,2 --dry-run
+    Examples: rlx sweep algo=grpo 'loss_agg.mode=token_mean,seq_mean_token_mean' seed=0,1 --jobs 2 ·
+    rlx sweep seed=0,1,2 --dry-run
     """
     from rlx_cli.sweep import sweep_command
 
