@@ -98,7 +98,8 @@ def _train_and_save(model_cfg, task_cfg, task, target: Path, progress, device) -
     start = time.perf_counter()
     with progress.task("building the base model (first run only)", total=sft.steps) as advance:
         for _ in range(sft.steps):
-            loss = sft_loss(model, tokenizer, task.sft_examples(sft.batch_size, carry_drop=sft.carry_drop, rng=rng))
+            examples = task.sft_examples(sft.batch_size, carry_drop=sft.carry_drop, rng=rng, **direct_mix(sft))
+            loss = sft_loss(model, tokenizer, examples)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -115,6 +116,12 @@ def _train_and_save(model_cfg, task_cfg, task, target: Path, progress, device) -
         tmp.rename(target)
     except OSError:  # another process finished first
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def direct_mix(sft: DictConfig) -> dict[str, float]:
+    """The SFT data's direct answers (``model.sft.direct_frac``, ``direct_right``) where the config sets them: a key
+    absent from the config keeps every other base's cache key and data as they were."""
+    return {k: sft[k] for k in ("direct_frac", "direct_right") if k in sft}
 
 
 def _warmup_cosine(step: int, warmup: int, total: int) -> float:

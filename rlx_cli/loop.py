@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from components import advantage as adv_lib
 from components.kl import estimate as kl_estimate
@@ -34,8 +35,10 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
     with engine.sampling():  # an engine of its own (vLLM) starts from the policy's weights, a resumed run's too
         parts.sampler.sync(policy)
     if state.step == 0:
+        if critic is not None and cfg.critic.init == "reward_model":
+            pretrain_value(cfg, parts, tracker, progress, stop, state, REWARD_FIT)
         if critic is not None and cfg.value_pretrain.steps > 0:
-            pretrain_value(cfg, parts, tracker, progress, stop, state)
+            pretrain_value(cfg, parts, tracker, progress, stop, state, VALUE_PRETRAIN)
         last.update(evaluate(cfg, parts))
         tracker.log_metrics(last, step=0)
         progress.note(f"step 0: {summary(last)}")
@@ -274,27 +277,50 @@ def answers(cfg, parts: Parts, problems: list, temperature: float) -> Rollout:
         )
 
 
-def pretrain_value(cfg, parts: Parts, tracker, progress, stop: StopRequests, state: TrainState) -> None:
-    """VC-PPO: the critic alone learns Monte-Carlo returns (λ = 1) of the frozen initial policy."""
-    vp = cfg.value_pretrain
-    agg_mode = parts.components["loss_agg"].hparams["mode"]
-    with progress.task("value pretraining", total=vp.steps) as advance:
-        for step in range(1, vp.steps + 1):
-            batch, scores, _, _ = sample_groups(cfg, parts, -step)  # negative steps: prompts unseen by RL
-            mask = batch.response_mask
+@dataclass(frozen=True)
+class CriticFit:
+    """A critic-only stage before RL on the frozen initial policy's answers: its metric prefix, the keys of its
+    step count and early stop, and whether the target sits on every response token or on the last one only."""
+
+    name: str
+    steps_key: str
+    stop_key: str | None
+    final_only: bool
+    first_draw: int  # its prompts are those of RL steps -first_draw, -first_draw - 1, ...: unseen by RL and each other
+
+
+# a critic "like a reward model" (critic.init=reward_model): the final score on complete answers only
+REWARD_FIT = CriticFit("reward_fit", "critic.reward_fit_steps", None, final_only=True, first_draw=1_000_001)
+# VC-PPO: Monte-Carlo returns (λ = 1, γ = 1), the final score at every response token
+VALUE_PRETRAIN = CriticFit("value_pretrain", "value_pretrain.steps", "value_pretrain.stop_explained_var", False, 1)
+
+
+def pretrain_value(cfg, parts: Parts, tracker, progress, stop: StopRequests, state: TrainState, fit: CriticFit):
+    """The critic alone fits the frozen initial policy's scores (``fit``: on which tokens), logged as ``<name>/*``."""
+    steps, target = OmegaConf.select(cfg, fit.steps_key), OmegaConf.select(cfg, fit.stop_key) if fit.stop_key else None
+    agg_mode, words = parts.components["loss_agg"].hparams["mode"], fit.name.replace("_", " ")
+    with progress.task(words, total=steps) as advance:
+        for step in range(1, steps + 1):
+            batch, scores, _, _ = sample_groups(cfg, parts, -(fit.first_draw + step - 1))
+            mask = last_token_mask(batch.response_mask) if fit.final_only else batch.response_mask
             old_values = parts.engine.values(batch)
-            returns = scores[:, None] * mask  # Monte-Carlo return with λ = 1, γ = 1: the final score at every token
-            metrics, stepped = value_update(cfg, parts, batch, old_values, returns, agg_mode)  # each its own samples
+            returns = scores[:, None] * mask
+            metrics, stepped = value_update(cfg, parts, batch, old_values, returns, agg_mode, mask)
             count_update(state, stepped, cfg.trainer.max_skipped)
-            metrics = {k.replace("train/", "value_pretrain/"): v for k, v in metrics.items()}
+            metrics = {k.replace("train/", f"{fit.name}/"): v for k, v in metrics.items()}
             tracker.log_metrics(metrics, step=step)
-            advance(value_loss=metrics["value_pretrain/value_loss"], ev=metrics["value_pretrain/explained_var"])
+            advance(value_loss=metrics[f"{fit.name}/value_loss"], ev=metrics[f"{fit.name}/explained_var"])
             stop.requested = distributed.first_signal(stop.requested)
             if stop.requested:
-                raise stop.stop(f"during value pretraining (step {step}), before the first checkpoint")
-            if vp.stop_explained_var is not None and metrics["value_pretrain/explained_var"] >= vp.stop_explained_var:
-                progress.note(f"value pretraining stopped at step {step}: explained variance reached the target")
+                raise stop.stop(f"during {words} (step {step}), before the first checkpoint")
+            if target is not None and metrics[f"{fit.name}/explained_var"] >= target:
+                progress.note(f"{words} stopped at step {step}: explained variance reached the target")
                 break
+
+
+def last_token_mask(mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` response mask -> the same shape, 1 only at each row's last real token (none for an empty row)."""
+    return mask * (mask.cumsum(1) == mask.sum(1, keepdim=True))
 
 
 @torch.no_grad()

@@ -17,6 +17,7 @@ from rlx_cli.errors import UserError
 from rlx_cli.logprobs import Scorer, causal_lm, postprocessed_logits
 from rlx_cli.precision import autocast, compute_dtype, frozen_dtype, full_precision, trained_dtype
 from rlx_cli.rollout import Rollout
+from rlx_cli.wiring import FROM_POLICY
 
 
 @dataclass
@@ -109,7 +110,7 @@ def build_models(
         policy, reference = get_peft_model(model, config), None
         scorer = Scorer(policy, compute)
         reference_scorer = scorer
-        critic = SharedCritic(scorer, config) if needs_critic and critic_cfg.init == "policy" else None
+        critic = SharedCritic(scorer, config) if needs_critic and critic_cfg.init in FROM_POLICY else None
     else:
         policy, tokenizer = load_pretrained(path, model_cfg, trained)
         reference = copy.deepcopy(policy).to(frozen).eval().requires_grad_(False)
@@ -183,7 +184,7 @@ class Critic(nn.Module):
     ) -> Critic:
         from transformers import AutoModel
 
-        source = Path(path) if critic_cfg.init == "policy" else Path(critic_cfg.init)
+        source = Path(path) if critic_cfg.init in FROM_POLICY else Path(critic_cfg.init)
         body = AutoModel.from_pretrained(source, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
         return cls(body, body.config.hidden_size, compute_dtype)
 

@@ -1,7 +1,8 @@
 """Tasks: prompts, reference answers and an exact verifier.
 
 ``sums`` — running sums, worked out. Prompt ``3,4,5,9:``, response ``3+4=7,7+5=12,12+9=21#21``
-(7–44 characters). Reward 1 if the text after the last ``#`` is the true sum, else 0.
+(7–44 characters). Reward 1 if the text after the last ``#`` is the true sum, else 0. A base model whose SFT data
+mixes in direct answers (``#21``, ``model.sft.direct_frac``) chooses how long to answer (``task=shortcut_sums``).
 
 A task whose ``scores_steps`` is true also scores each step of a response (process supervision):
 ``score_steps(responses, problems)`` -> per response a list of (end, reward), ``end`` the offset just past the
@@ -53,9 +54,18 @@ class SumsTask:
         """``n`` fresh problems for one RL step; a pure function of (seed, step, draw), so resuming replays them."""
         return [self.problem(t) for t in self._draw(random.Random(f"train-{seed}-{step}-{draw}"), n)]
 
-    def sft_examples(self, n: int, *, carry_drop: float, rng: random.Random) -> list[tuple[str, str]]:
-        """(prompt, response) pairs whose carries are dropped with probability ``carry_drop`` per crossing."""
-        return [(self.problem(t).prompt, worked(t, carry_drop, rng)) for t in self._draw(rng, n)]
+    def sft_examples(
+        self, n: int, *, carry_drop: float, rng: random.Random, direct_frac: float = 0.0, direct_right: float = 1.0
+    ) -> list[tuple[str, str]]:
+        """(prompt, response) pairs: worked solutions whose carries are dropped with probability ``carry_drop`` per
+        crossing or, with probability ``direct_frac``, a direct answer ``#N`` (see ``direct``)."""
+        return [
+            (
+                self.problem(t).prompt,
+                direct(t, direct_right, rng) if chance(rng, direct_frac) else worked(t, carry_drop, rng),
+            )
+            for t in self._draw(rng, n)
+        ]
 
     @staticmethod
     def score(response: str, problem: Problem) -> float:
@@ -89,6 +99,20 @@ def sum_steps(response: str, problem: Problem) -> list[tuple[int, float]]:
     if hash_sign:
         steps.append((len(response.rstrip()), SumsTask.score(response, problem)))
     return steps
+
+
+def chance(rng: random.Random, p: float) -> bool:
+    """True with probability ``p``; draws nothing from ``rng`` when ``p`` is 0 (the built-in bases stay as built)."""
+    return p > 0 and rng.random() < p
+
+
+def direct(terms: list[int], right: float, rng: random.Random) -> str:
+    """``[3, 4, 5]`` -> ``#12`` with probability ``right``, else ``#N`` with N off the sum by 1–9 either way
+    (never below 0): an answer with no work, short and often wrong."""
+    total = sum(terms)
+    if not chance(rng, right):
+        total = abs(total + rng.choice([-1, 1]) * rng.randint(1, 9))
+    return f"#{total}"
 
 
 def worked(terms: list[int], carry_drop: float, rng: random.Random) -> str:

@@ -143,17 +143,19 @@ def micro_loss(comp: dict, t: dict, entropy: torch.Tensor, agg_mode: str) -> tup
     return loss, metrics
 
 
-def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, agg_mode: str):
+def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, agg_mode: str, mask=None):
     """One critic step on the value loss over ``batch`` (this process's rows; its normaliser summed over
-    processes) -> (train/value_loss, train/explained_var, ... of the whole batch; whether it stepped)."""
+    processes) -> (train/value_loss, train/explained_var, ... of the whole batch; whether it stepped).
+
+    ``mask`` ``[B, T]``: the tokens that carry a target (default: every response token)."""
     vl, engine, critic = parts.components["value_loss"], parts.engine, parts.models.critic
-    mask = batch.response_mask
+    mask = batch.response_mask if mask is None else mask
     normaliser = distributed.total(float(denominator(mask, mode=agg_mode)))
     micro = engine.micro_batches(batch)
     parts.critic_optimizer.zero_grad(set_to_none=True)
     sums, all_values, total_loss = Sums(), [], 0.0
     for mb in micro:
-        real = mb.batch.response_mask
+        real = mb.batch.response_mask if mb.padding else cut(mask, mb)  # a padding micro-batch has no real token
         with critic.active():  # a LoRA critic's adapter stays on through backward (activation checkpointing)
             values = critic(mb.batch)
             tensors = {"values": values, "old_values": cut(old_values, mb), "returns": cut(returns, mb), "mask": real}

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlx_cli.errors import UserError
 from rlx_cli.precision import PRECISIONS, resolve
 from rlx_cli.sharding import STRATEGIES
-from rlx_cli.wiring import unused_groups
+from rlx_cli.wiring import FROM_POLICY, unused_groups
 
 INF = math.inf
 # trainer.loop -> the module whose train(cfg, parts, tracker, progress, stop, state) runs the steps
@@ -62,6 +62,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "model.activation_checkpointing": (bool, (True, False)),
     "rollout.generate_rows": (int, 1, 1_000_000),
     "critic.lr": (float, 1e-12, 1.0),
+    "critic.reward_fit_steps": (int, 1, 1_000_000),
     "task.verifier_timeout": (float, 1e-3, 3600.0),
     "value_pretrain.steps": (int, 0, 1_000_000),
     "tracking.name": (str, ("mlflow", "none")),
@@ -121,10 +122,15 @@ def validate(cfg: DictConfig) -> None:
     if cfg.trainer.lr is None:
         raise UserError(f"trainer.lr is not set and model.lr has no rate for model.finetune={cfg.model.finetune}")
     check_loop(cfg)
-    for key in ("model.path", "critic.init", "task.judge.path"):  # critic.init may also be "policy"
+    for key in ("model.path", "critic.init", "task.judge.path"):  # critic.init may also name a way to start
         value = OmegaConf.select(cfg, key, default=None)
-        if value and value != "policy" and not (Path(str(value)) / "config.json").is_file():
-            raise UserError(f"{key}={value} is not a Hugging Face model directory (no config.json)")
+        if (
+            value
+            and not (key == "critic.init" and value in FROM_POLICY)
+            and not (Path(str(value)) / "config.json").is_file()
+        ):
+            valid = f" (valid: {', '.join(FROM_POLICY)}, or a model directory)" if key == "critic.init" else ""
+            raise UserError(f"{key}={value} is not a Hugging Face model directory (no config.json){valid}")
     # each process samples whole prompt groups: torchrun's WORLD_SIZE, or the processes launcher=torchrun will start
     processes = int(os.environ.get("WORLD_SIZE", "0")) or cfg.launcher.get("nproc_per_node", 1)
     if cfg.rollout.prompts_per_step < processes:

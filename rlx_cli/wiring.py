@@ -7,6 +7,7 @@ import inspect
 from omegaconf import DictConfig
 
 PREFERENCE_LOOPS = ("dpo", "online_dpo")  # trainer.loop values that train on pairs (dpo_loop.py, online_dpo_loop.py)
+FROM_POLICY = ("policy", "reward_model")  # critic.init values that start the critic from the policy's weights
 
 
 def unused_groups(cfg: DictConfig) -> set[str]:

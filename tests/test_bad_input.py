@@ -159,6 +159,7 @@ CASES = [
      NO_VLLM, None),
     # model files
     ("model-missing", [*TRAIN, "model.path=missing"], ["model.path=missing", "config.json"], None, None),
+    ("critic-init-unknown", [*TRAIN, "algo=ppo", "critic.init=rm"], ["critic.init=rm", "reward_model"], None, None),
     ("model-is-a-file", [*TRAIN, "model.path=notes.txt"], ["model.path=notes.txt"], None, write("notes.txt", "hi")),
     ("model-garbage-config", [*LOAD, "model.path=model"], ["model.path=model", "config"], None, garbage_config),
     ("model-truncated-weights", [*LOAD, "model.path=model"], ["model.path=model"], None, truncated_weights),
