@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from components.masked import as_bool, masked_var, masked_whiten
+from components.masked import as_bool, last_real, masked_var, masked_whiten
 from components.registry import register
 
 REWARD_NORMS = ("none", "group", "batch")  # reward_norm: z-scored scores before the estimator (Su et al. 2025)
@@ -25,10 +25,9 @@ def token_rewards(scores: Tensor, mask: Tensor, kl_penalty: Tensor | None = None
     ``kl_penalty`` is already multiplied by β (PPO-max / InstructGPT: r_t = score·[t = last] − β·KL_t).
     """
     real = as_bool(mask)
-    positions = torch.arange(real.shape[-1], device=real.device).expand_as(real)
-    last = torch.where(real, positions, -1).max(dim=-1).values  # -1 for a row without tokens
-    rewards = torch.zeros(real.shape, dtype=scores.dtype, device=scores.device)
-    rewards = torch.where(positions == last.unsqueeze(-1), scores.unsqueeze(-1), rewards)
+    rewards = torch.where(
+        last_real(real), scores.unsqueeze(-1), torch.zeros((), dtype=scores.dtype, device=scores.device)
+    )
     if kl_penalty is not None:
         rewards = rewards - kl_penalty
     return _zero_padding(rewards, real)

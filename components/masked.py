@@ -20,6 +20,13 @@ def as_bool(mask: Tensor) -> Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
+def last_real(mask: Tensor) -> Tensor:
+    """``[B, T]`` mask -> bool ``[B, T]``, true only at each row's last real entry (none in a row without one)."""
+    real = as_bool(mask)
+    counts = real.cumsum(-1)
+    return real & (counts == counts[..., -1:])
+
+
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Σ x over entries where ``mask`` is true; ``x``, ``mask``: same shape (e.g. ``[B, T]``)."""
     zeros = torch.zeros((), dtype=x.dtype, device=x.device)

@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from components import advantage as adv_lib
 from components.kl import estimate as kl_estimate
-from components.masked import masked_mean
+from components.masked import last_real, masked_mean
 from rlx_cli import checkpoint, credit, distributed
 from rlx_cli.build import Parts
 from rlx_cli.checkpoint import TrainState
@@ -35,10 +35,11 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
     with engine.sampling():  # an engine of its own (vLLM) starts from the policy's weights, a resumed run's too
         parts.sampler.sync(policy)
     if state.step == 0:
+        vp = cfg.value_pretrain
         if critic is not None and cfg.critic.init == "reward_model":
-            pretrain_value(cfg, parts, tracker, progress, stop, state, REWARD_FIT)
-        if critic is not None and cfg.value_pretrain.steps > 0:
-            pretrain_value(cfg, parts, tracker, progress, stop, state, VALUE_PRETRAIN)
+            pretrain_value(cfg, parts, tracker, progress, stop, state, REWARD_FIT, cfg.critic.reward_fit_steps)
+        if critic is not None and vp.steps > 0:
+            pretrain_value(cfg, parts, tracker, progress, stop, state, VALUE_PRETRAIN, vp.steps, vp.stop_explained_var)
         last.update(evaluate(cfg, parts))
         tracker.log_metrics(last, step=0)
         progress.note(f"step 0: {summary(last)}")
@@ -279,30 +280,40 @@ def answers(cfg, parts: Parts, problems: list, temperature: float) -> Rollout:
 
 @dataclass(frozen=True)
 class CriticFit:
-    """A critic-only stage before RL on the frozen initial policy's answers: its metric prefix, the keys of its
-    step count and early stop, and whether the target sits on every response token or on the last one only."""
+    """A critic-only stage before RL on the frozen initial policy's answers: its metric prefix, whether the target
+    sits on every response token or on the last one only, and where its prompts come from."""
 
     name: str
-    steps_key: str
-    stop_key: str | None
     final_only: bool
     first_draw: int  # its prompts are those of RL steps -first_draw, -first_draw - 1, ...: unseen by RL and each other
 
 
 # a critic "like a reward model" (critic.init=reward_model): the final score on complete answers only
-REWARD_FIT = CriticFit("reward_fit", "critic.reward_fit_steps", None, final_only=True, first_draw=1_000_001)
+REWARD_FIT = CriticFit("reward_fit", final_only=True, first_draw=1_000_001)
 # VC-PPO: Monte-Carlo returns (λ = 1, γ = 1), the final score at every response token
-VALUE_PRETRAIN = CriticFit("value_pretrain", "value_pretrain.steps", "value_pretrain.stop_explained_var", False, 1)
+VALUE_PRETRAIN = CriticFit("value_pretrain", final_only=False, first_draw=1)
 
 
-def pretrain_value(cfg, parts: Parts, tracker, progress, stop: StopRequests, state: TrainState, fit: CriticFit):
-    """The critic alone fits the frozen initial policy's scores (``fit``: on which tokens), logged as ``<name>/*``."""
-    steps, target = OmegaConf.select(cfg, fit.steps_key), OmegaConf.select(cfg, fit.stop_key) if fit.stop_key else None
+def pretrain_value(
+    cfg,
+    parts: Parts,
+    tracker,
+    progress,
+    stop: StopRequests,
+    state: TrainState,
+    fit: CriticFit,
+    steps: int,
+    target: float | None = None,
+) -> None:
+    """The critic alone fits the frozen initial policy's scores for ``steps`` batches (``fit``: on which tokens),
+    logged as ``<name>/*``; it stops early once its explained variance reaches ``target``."""
     agg_mode, words = parts.components["loss_agg"].hparams["mode"], fit.name.replace("_", " ")
     with progress.task(words, total=steps) as advance:
         for step in range(1, steps + 1):
             batch, scores, _, _ = sample_groups(cfg, parts, -(fit.first_draw + step - 1))
-            mask = last_token_mask(batch.response_mask) if fit.final_only else batch.response_mask
+            mask = batch.response_mask
+            if fit.final_only:
+                mask = mask * last_real(mask)
             old_values = parts.engine.values(batch)
             returns = scores[:, None] * mask
             metrics, stepped = value_update(cfg, parts, batch, old_values, returns, agg_mode, mask)
@@ -316,11 +327,6 @@ def pretrain_value(cfg, parts: Parts, tracker, progress, stop: StopRequests, sta
             if target is not None and metrics[f"{fit.name}/explained_var"] >= target:
                 progress.note(f"{words} stopped at step {step}: explained variance reached the target")
                 break
-
-
-def last_token_mask(mask: torch.Tensor) -> torch.Tensor:
-    """``[B, T]`` response mask -> the same shape, 1 only at each row's last real token (none for an empty row)."""
-    return mask * (mask.cumsum(1) == mask.sum(1, keepdim=True))
 
 
 @torch.no_grad()

@@ -124,11 +124,8 @@ def validate(cfg: DictConfig) -> None:
     check_loop(cfg)
     for key in ("model.path", "critic.init", "task.judge.path"):  # critic.init may also name a way to start
         value = OmegaConf.select(cfg, key, default=None)
-        if (
-            value
-            and not (key == "critic.init" and value in FROM_POLICY)
-            and not (Path(str(value)) / "config.json").is_file()
-        ):
+        starts_from_policy = key == "critic.init" and value in FROM_POLICY
+        if value and not starts_from_policy and not (Path(str(value)) / "config.json").is_file():
             valid = f" (valid: {', '.join(FROM_POLICY)}, or a model directory)" if key == "critic.init" else ""
             raise UserError(f"{key}={value} is not a Hugging Face model directory (no config.json){valid}")
     # each process samples whole prompt groups: torchrun's WORLD_SIZE, or the processes launcher=torchrun will start

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import SHORT, save_tiny_llama
 
-from rlx_cli.loop import last_token_mask
+from components.masked import last_real
 from rlx_cli.tasks import Problem, SumsTask, direct, worked
 
 
@@ -36,10 +36,10 @@ def test_the_sft_mix_has_the_configured_shares():
     assert all(SumsTask.score(r, Problem(p, str(sum(map(int, p[:-1].split(",")))))) for p, r in examples if "+" in r)
 
 
-def test_last_token_mask():
+def test_last_real_marks_each_rows_last_real_token():
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
     expected = torch.tensor([[0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1]])
-    assert torch.equal(last_token_mask(mask), expected)
+    assert torch.equal(last_real(mask), expected.bool())
 
 
 @pytest.mark.parametrize("micro_batch_tokens", [8192, 48])
@@ -64,7 +64,7 @@ def test_the_reward_fit_step_learns_from_each_answers_last_token_only(tmp_path, 
         batch = parts.sampler.generate(parts.models.policy, prompts, temperature=1.0, max_new_tokens=10)
     if micro_batch_tokens == 48:
         assert len(parts.engine.micro_batches(batch)) > 1
-    last = last_token_mask(batch.response_mask)
+    last = batch.response_mask * last_real(batch.response_mask)
     scores = (torch.arange(12) % 2).float()
     returns = scores[:, None] * last
 
