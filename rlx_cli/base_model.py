@@ -69,18 +69,17 @@ def ensure_base_model(model_cfg: DictConfig, task_cfg: DictConfig, task, progres
 
 def char_llama_config(arch: dict, *, tie: bool = True, max_positions: int = 128):
     """A ``LlamaConfig`` with ``arch``'s fields (hidden size, layers, ...) for the character tokenizer: its
-    vocabulary size and special token ids."""
+    vocabulary size and special token ids. ``arch`` may set ``max_position_embeddings`` (default ``max_positions``)."""
     from transformers import LlamaConfig
 
     tokenizer = char_tokenizer()
     return LlamaConfig(
-        **arch,
+        **{"max_position_embeddings": max_positions, **arch},
         vocab_size=VOCAB_SIZE,
         tie_word_embeddings=tie,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        max_position_embeddings=max_positions,
     )
 
 

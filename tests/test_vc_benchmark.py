@@ -90,3 +90,35 @@ def test_the_presets_train_three_steps_on_shortcut_sums(workdir, algo):
                            "tracking=none", "trainer.output_dir=out"])  # fmt: skip
     assert 0.0 <= final["eval/accuracy"] <= 1.0 and final["train/response_len"] > 0
     assert (workdir / "out" / "final").is_dir()
+
+
+def test_the_long_variants_answers_are_100_to_145_tokens_and_its_base_has_the_positions_for_them():
+    from rlx_cli.base_model import char_llama_config, char_tokenizer
+    from rlx_cli.compose import compose
+    from rlx_cli.tasks import build_task
+
+    cfg = compose(["task=shortcut_sums_long"])
+    task = build_task(cfg.task)
+    problems = task.train_problems(200, seed=0, step=0)
+    terms = [[int(t) for t in p.prompt.rstrip(":").split(",")] for p in problems]
+    worked_answers = [worked(t, 0.0, random.Random(0)) for t in terms]
+    tokens = [len(char_tokenizer()(a, add_special_tokens=False).input_ids) + 1 for a in worked_answers]  # + EOS
+    assert 100 <= min(tokens) and max(tokens) <= 145 < cfg.rollout.max_new_tokens
+    longest_prompt = max(len(char_tokenizer()(p.prompt).input_ids) for p in problems)
+    config = char_llama_config(dict(cfg.model.arch))
+    assert config.max_position_embeddings == 256 >= longest_prompt + cfg.rollout.max_new_tokens
+    assert char_llama_config({"hidden_size": 32}).max_position_embeddings == 128  # other bases keep theirs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["ppo", "vc_ppo"])
+def test_the_presets_train_three_steps_on_the_long_variant(workdir, algo):
+    """Answers run past the 128 positions of the other bases: generation, scoring and the critic handle them."""
+    from rlx_cli.run import train_command
+
+    quick_base = ["model=tiny", "model.sft.steps=30"]
+    final = train_command([f"algo={algo}", "task=shortcut_sums_long", *quick_base, *SHORT, "value_pretrain.steps=2",
+                           "critic.init=reward_model", "critic.reward_fit_steps=2", "tracking=none",
+                           "trainer.output_dir=out"])  # fmt: skip
+    assert 0.0 <= final["eval/accuracy"] <= 1.0 and final["train/response_len"] > 0
+    assert (workdir / "out" / "final").is_dir()
