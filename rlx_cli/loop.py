@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from omegaconf import DictConfig
@@ -37,7 +37,8 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
     if state.step == 0:
         vp = cfg.value_pretrain
         if critic is not None and cfg.critic.init == "reward_model":
-            pretrain_value(cfg, parts, tracker, progress, stop, state, REWARD_FIT, cfg.critic.reward_fit_steps)
+            fit = replace(REWARD_FIT, unfinished=cfg.critic.unfinished_score)
+            pretrain_value(cfg, parts, tracker, progress, stop, state, fit, cfg.critic.reward_fit_steps)
         if critic is not None and vp.steps > 0:
             pretrain_value(cfg, parts, tracker, progress, stop, state, VALUE_PRETRAIN, vp.steps, vp.stop_explained_var)
         last.update(evaluate(cfg, parts))
@@ -280,18 +281,34 @@ def answers(cfg, parts: Parts, problems: list, temperature: float) -> Rollout:
 
 @dataclass(frozen=True)
 class CriticFit:
-    """A critic-only stage before RL on the frozen initial policy's answers: its metric prefix, whether the target
-    sits on every response token or on the last one only, and where its prompts come from."""
+    """A critic-only stage before RL on the frozen initial policy's answers: its metric prefix, whether the final
+    score is the target of every response token or of the last one only, and where its prompts come from."""
 
     name: str
     final_only: bool
     first_draw: int  # its prompts are those of RL steps -first_draw, -first_draw - 1, ...: unseen by RL and each other
+    unfinished: float | None = None  # final_only: every earlier token's target (None: none, their values left free)
 
 
-# a critic "like a reward model" (critic.init=reward_model): the final score on complete answers only
+# a critic "like a reward model" (critic.init=reward_model): the final score on complete answers, and
+# critic.unfinished_score on unfinished ones
 REWARD_FIT = CriticFit("reward_fit", final_only=True, first_draw=1_000_001)
 # VC-PPO: Monte-Carlo returns (λ = 1, γ = 1), the final score at every response token
 VALUE_PRETRAIN = CriticFit("value_pretrain", final_only=False, first_draw=1)
+
+
+def fit_targets(fit: CriticFit, scores: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A critic stage's (returns, mask of the tokens that carry one), both ``[B, T]``; ``scores`` ``[B]``.
+
+    Not ``final_only``: the score at every response token (Monte-Carlo returns). ``final_only``: the score at each
+    answer's last real token; before it ``fit.unfinished`` (an unfinished answer's score), or no target at all.
+    """
+    if not fit.final_only:
+        return scores[:, None] * mask, mask
+    last = last_real(mask)
+    if fit.unfinished is None:
+        return scores[:, None] * mask * last, mask * last
+    return torch.where(last, scores[:, None], fit.unfinished) * mask, mask
 
 
 def pretrain_value(
@@ -311,11 +328,8 @@ def pretrain_value(
     with progress.task(words, total=steps) as advance:
         for step in range(1, steps + 1):
             batch, scores, _, _ = sample_groups(cfg, parts, -(fit.first_draw + step - 1))
-            mask = batch.response_mask
-            if fit.final_only:
-                mask = mask * last_real(mask)
+            returns, mask = fit_targets(fit, scores, batch.response_mask)
             old_values = parts.engine.values(batch)
-            returns = scores[:, None] * mask
             metrics, stepped = value_update(cfg, parts, batch, old_values, returns, agg_mode, mask)
             count_update(state, stepped, cfg.trainer.max_skipped)
             metrics = {k.replace("train/", f"{fit.name}/"): v for k, v in metrics.items()}

@@ -63,6 +63,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "rollout.generate_rows": (int, 1, 1_000_000),
     "critic.lr": (float, 1e-12, 1.0),
     "critic.reward_fit_steps": (int, 1, 1_000_000),
+    "critic.unfinished_score": (float, -INF, INF),
     "task.verifier_timeout": (float, 1e-3, 3600.0),
     "value_pretrain.steps": (int, 0, 1_000_000),
     "tracking.name": (str, ("mlflow", "none")),

@@ -36,6 +36,24 @@ def test_the_sft_mix_has_the_configured_shares():
     assert all(SumsTask.score(r, Problem(p, str(sum(map(int, p[:-1].split(",")))))) for p, r in examples if "+" in r)
 
 
+def test_the_critic_stages_targets_by_hand():
+    """Value pretraining: the score on every token. The reward fit: the score on each answer's last token only, or,
+    with an unfinished answer's score (critic.unfinished_score), that on every token before it. Padding: no target."""
+    from dataclasses import replace
+
+    from rlx_cli.loop import REWARD_FIT, VALUE_PRETRAIN, fit_targets
+
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    scores = torch.tensor([0.5, 2.0])
+    returns, where = fit_targets(VALUE_PRETRAIN, scores, mask)
+    assert torch.equal(where, mask) and torch.equal(returns, torch.tensor([[0.5, 0.5, 0.5], [2.0, 2.0, 0.0]]))
+    returns, where = fit_targets(REWARD_FIT, scores, mask)
+    assert torch.equal(where, torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0]]))
+    assert torch.equal(returns, torch.tensor([[0.0, 0.0, 0.5], [0.0, 2.0, 0.0]]))
+    returns, where = fit_targets(replace(REWARD_FIT, unfinished=-1.0), scores, mask)
+    assert torch.equal(where, mask) and torch.equal(returns, torch.tensor([[-1.0, -1.0, 0.5], [-1.0, 2.0, 0.0]]))
+
+
 def test_last_real_marks_each_rows_last_real_token():
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
     expected = torch.tensor([[0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 1]])
@@ -85,7 +103,8 @@ def test_the_presets_train_three_steps_on_shortcut_sums(workdir, algo):
     from rlx_cli.run import train_command
 
     quick_base = ["model=tiny", "model.sft.steps=30"]  # after task=: the command line picks the model
-    fit = ["critic.init=reward_model", "critic.reward_fit_steps=2"] if algo == "ppo" else []
+    fit = ["critic.init=reward_model", "critic.reward_fit_steps=2", "critic.unfinished_score=-1"]
+    fit = fit if algo in ("ppo", "vc_ppo") else []
     final = train_command([f"algo={algo}", "task=shortcut_sums", *quick_base, *SHORT, "value_pretrain.steps=2", *fit,
                            "tracking=none", "trainer.output_dir=out"])  # fmt: skip
     assert 0.0 <= final["eval/accuracy"] <= 1.0 and final["train/response_len"] > 0
