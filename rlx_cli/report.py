@@ -2,7 +2,7 @@
 
 1. read the FINISHED runs of an experiment or a study from MLflow (any tracking URI), without study parents
 2. group them into arms by their overrides minus ``seed=`` (the latest run per seed counts)
-3. reduce each run's metric history to one number (last | max | mean_last_k), then mean ± std per arm
+3. reduce each run's metric history to one number (last | max | mean_last_k | mean_first_k), then mean ± std per arm
 4. Δ vs the baseline arm (default: the first arm without an ablation); with ``--stats`` per arm the paired or
    Welch t-test, its CI, p, Holm's p across the table and the detectable effect (``stats.compare``);
    with ``--power Δ`` instead the seeds each arm needs to detect Δ
@@ -22,7 +22,7 @@ from rlx_cli.errors import UserError
 from rlx_cli.study import SEED_KEY, STUDY_NAME, STUDY_ROLE, canonical, key_of
 from rlx_cli.track import tracking_uri
 
-REDUCE = ("last", "max", "mean_last_k")
+REDUCE = ("last", "max", "mean_last_k", "mean_first_k")
 FORMATS = ("md", "csv", "tex", "html")
 
 
@@ -154,6 +154,8 @@ def reduce(points: list[tuple[int, float]], how: str, k: int) -> float | None:
         return values[-1]
     if how == "max":
         return max(values)
+    if how == "mean_first_k":  # the start of training: train/* metrics from step 1, eval/* from step 0
+        return stats.mean(values[:k])
     return stats.mean(values[-k:])
 
 
@@ -254,7 +256,7 @@ def report_command(
     base = pick_baseline(arms, baseline)
     _, client = connect()
     curves = histories(client, [r for a in arms for r in a.runs], [metric, *extras])
-    what = reduce_by if reduce_by != "mean_last_k" else f"mean of the last {k}"
+    what = {"mean_last_k": f"mean of the last {k}", "mean_first_k": f"mean of the first {k}"}.get(reduce_by, reduce_by)
     context = report_format.Context(
         metric=metric,
         reduce=what,

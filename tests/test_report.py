@@ -123,6 +123,7 @@ def test_reduce_of_one_history():
     points = [(0, 0.1), (10, 0.9), (20, 0.5)]
     assert reduce(points, "last", 3) == 0.5 and reduce(points, "max", 3) == 0.9
     assert reduce(points, "mean_last_k", 2) == pytest.approx(0.7) and reduce([], "last", 3) is None
+    assert reduce(points, "mean_first_k", 2) == pytest.approx(0.5) and reduce(points, "mean_first_k", 9) == 0.5
 
 
 def test_stats_columns(store):
