@@ -166,6 +166,9 @@ def report(
     ),
     minimize: bool = typer.Option(False, "--minimize", help="Lower is better (bold the smallest mean)."),
     seeds: str = typer.Option(None, "--seeds", help="Only these seeds, e.g. 0,1,2: every arm on the same seeds."),
+    arm: list[str] = typer.Option(
+        None, "--arm", help="Only this arm (repeat for more): its name as printed, or overrides that single it out."
+    ),
     fit: str = typer.Option(
         None, "--fit", help="entropy: per arm a, b, R² of R = -a·exp(H) + b (H train/entropy, R --metric)."
     ),
@@ -183,8 +186,8 @@ def report(
 
     text = report_command(
         experiment=experiment, study=study, metric=metric, baseline=baseline, reduce_by=reduce, k=k, fmt=fmt,
-        out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, minimize=minimize, seeds=seeds, fit=fit,
-        power=power,
+        out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, minimize=minimize, seeds=seeds,
+        arm_names=arm, fit=fit, power=power,
     )  # fmt: skip
     if out is None:
         print(text, end="")

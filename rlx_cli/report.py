@@ -106,7 +106,11 @@ def group_arms(runs: list) -> list[Arm]:
         arm = arms.setdefault(key, Arm(key, tags.get("rlx.algo", "?"), tags.get("rlx.ablate", "none")))
         seed = tags.get("rlx.seed", "?")
         arm.runs = [r for r in arm.runs if r.data.tags.get("rlx.seed", "?") != seed] + [run]  # a re-run replaces
-    found = list(arms.values())
+    return labelled(list(arms.values()))
+
+
+def labelled(found: list[Arm]) -> list[Arm]:
+    """``found`` with each arm's label: its algorithm, ablation and the overrides that differ between these arms."""
     common = set.intersection(*(set(a.tokens) for a in found))
     seen: dict[str, int] = {}
     for arm in found:
@@ -127,13 +131,26 @@ def pick_baseline(arms: list[Arm], baseline: str | None) -> Arm:
     """``--baseline``: an arm's label, or overrides that single out one arm; default: the first without ablation."""
     if baseline is None:
         return next((a for a in arms if a.ablate == "none"), arms[0])
-    exact = [a for a in arms if a.label == baseline]
-    wanted = set(baseline.split())
+    return pick_arm(arms, baseline, "--baseline")
+
+
+def pick_arm(arms: list[Arm], name: str, option: str) -> Arm:
+    """The one arm ``name`` names: its label, or overrides (and the algorithm) that single it out."""
+    exact = [a for a in arms if a.label == name]
+    wanted = set(name.split())
     matches = exact or [a for a in arms if wanted <= set(a.tokens) | {a.algo, a.label}]
     if len(matches) != 1:
         labels = "; ".join(a.label for a in arms)
-        raise UserError(f"--baseline '{baseline}' matches {len(matches)} arms (valid: {labels})")
+        raise UserError(f"{option} '{name}' matches {len(matches)} arms (valid: {labels})")
     return matches[0]
+
+
+def only_arms(arms: list[Arm], names: list[str] | None) -> list[Arm]:
+    """``--arm`` (repeatable): just the arms named, in the order they started, labelled against each other."""
+    if not names:
+        return arms
+    chosen = {id(pick_arm(arms, name, "--arm")) for name in names}
+    return labelled([a for a in arms if id(a) in chosen])
 
 
 def histories(client, runs: list, metrics: list[str]) -> dict[tuple[str, str], list[tuple[int, float]]]:
@@ -224,6 +241,7 @@ def report_command(
     with_stats: bool = False,
     minimize: bool = False,
     seeds: str | None = None,
+    arm_names: list[str] | None = None,
     fit: str | None = None,
     power: float | None = None,
 ) -> str:
@@ -250,9 +268,9 @@ def report_command(
     for name in [metric, *extras]:
         if name not in known:
             raise UserError(f"no metric '{name}' in these runs (valid: {', '.join(known)})")
+    arms = only_arms(group_arms(runs), arm_names)
     if fit is not None:
-        return written(entropy_fit.fit_report(group_arms(runs), metric, known, plots), out)
-    arms = group_arms(runs)
+        return written(entropy_fit.fit_report(arms, metric, known, plots), out)
     base = pick_baseline(arms, baseline)
     _, client = connect()
     curves = histories(client, [r for a in arms for r in a.runs], [metric, *extras])

@@ -204,6 +204,15 @@ def test_baseline_by_label_or_overrides(store):
         report_command(experiment="ablation", baseline="algo=vapo")
 
 
+def test_arm_keeps_only_the_arms_named_in_study_order(store):
+    text = report_command(experiment="ablation", arm_names=["+ablate=no_clip_higher", "vapo"], with_stats=True)
+    rows = table_rows(text)
+    assert [r[0] for r in rows] == ["vapo", "vapo +ablate=no_clip_higher"] and rows[1][3] == "-0.150"
+    assert "adjusted for comparing 1 arm with the baseline" in text  # Holm over the arms shown
+    with pytest.raises(UserError, match=r"--arm 'ppo' matches 0 arms \(valid: vapo; vapo \+ablate=no_clip_higher"):
+        report_command(experiment="ablation", arm_names=["ppo"])
+
+
 def test_minimize_bolds_the_smallest(store):
     rows = table_rows(report_command(experiment="ablation", minimize=True))
     assert rows[2][1] == "**0.300 ± –**" and not rows[0][1].startswith("**")
