@@ -127,11 +127,9 @@ def common_overrides(arms: list[Arm]) -> str:
     return " ".join(t for t in arms[0].tokens if t in common)
 
 
-def pick_baseline(arms: list[Arm], baseline: str | None) -> Arm:
-    """``--baseline``: an arm's label, or overrides that single out one arm; default: the first without ablation."""
-    if baseline is None:
-        return next((a for a in arms if a.ablate == "none"), arms[0])
-    return pick_arm(arms, baseline, "--baseline")
+def default_baseline(arms: list[Arm]) -> Arm:
+    """The baseline when ``--baseline`` is not given: the first arm without ablation (else the first arm)."""
+    return next((a for a in arms if a.ablate == "none"), arms[0])
 
 
 def pick_arm(arms: list[Arm], name: str, option: str) -> Arm:
@@ -145,11 +143,12 @@ def pick_arm(arms: list[Arm], name: str, option: str) -> Arm:
     return matches[0]
 
 
-def only_arms(arms: list[Arm], names: list[str] | None) -> list[Arm]:
-    """``--arm`` (repeatable): just the arms named, in the order they started, labelled against each other."""
+def only_arms(arms: list[Arm], names: list[str] | None, base: Arm | None) -> list[Arm]:
+    """``--arm`` (repeatable): just the arms named and ``base``, in the order they started, labelled against each
+    other. Names are matched against the labels of the whole study, as ``--baseline`` is."""
     if not names:
         return arms
-    chosen = {id(pick_arm(arms, name, "--arm")) for name in names}
+    chosen = {id(pick_arm(arms, name, "--arm")) for name in names} | ({id(base)} if base else set())
     return labelled([a for a in arms if id(a) in chosen])
 
 
@@ -268,10 +267,12 @@ def report_command(
     for name in [metric, *extras]:
         if name not in known:
             raise UserError(f"no metric '{name}' in these runs (valid: {', '.join(known)})")
-    arms = only_arms(group_arms(runs), arm_names)
+    found = group_arms(runs)
+    named_base = None if baseline is None else pick_arm(found, baseline, "--baseline")
+    arms = only_arms(found, arm_names, named_base)
     if fit is not None:
         return written(entropy_fit.fit_report(arms, metric, known, plots), out)
-    base = pick_baseline(arms, baseline)
+    base = named_base or default_baseline(arms)
     _, client = connect()
     curves = histories(client, [r for a in arms for r in a.runs], [metric, *extras])
     what = {"mean_last_k": f"mean of the last {k}", "mean_first_k": f"mean of the first {k}"}.get(reduce_by, reduce_by)

@@ -209,6 +209,8 @@ def test_arm_keeps_only_the_arms_named_in_study_order(store):
     rows = table_rows(text)
     assert [r[0] for r in rows] == ["vapo", "vapo +ablate=no_clip_higher"] and rows[1][3] == "-0.150"
     assert "adjusted for comparing 1 arm with the baseline" in text  # Holm over the arms shown
+    named = report_command(experiment="ablation", arm_names=["+ablate=no_clip_higher"], baseline="vapo")
+    assert [r[0] for r in table_rows(named)] == ["vapo", "vapo +ablate=no_clip_higher"]  # the baseline joins
     with pytest.raises(UserError, match=r"--arm 'ppo' matches 0 arms \(valid: vapo; vapo \+ablate=no_clip_higher"):
         report_command(experiment="ablation", arm_names=["ppo"])
 
