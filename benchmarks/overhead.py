@@ -36,7 +36,8 @@ def instrument(timers: Timers) -> None:
     import torch
     from transformers.generation.utils import GenerationMixin
 
-    from rlx_cli import logprobs, loop, models, track
+    from rlx_cli.engine import logprobs, models
+    from rlx_cli.loops import loop, track
 
     GenerationMixin.generate = timers.wrap(GenerationMixin.generate, "generate")
     for cls in (logprobs.Scorer, models.Critic):  # a LoRA critic's body runs through the policy's Scorer
@@ -71,7 +72,7 @@ def main() -> None:
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{scratch}/mlflow.db"
     timers = Timers(PHASES)
     instrument(timers)
-    from rlx_cli import run
+    from rlx_cli.loops import run
 
     overrides = [
         f"trainer.steps={args.warmup + args.steps + 1}",

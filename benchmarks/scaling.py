@@ -41,7 +41,7 @@ def make_model_dir(root: Path) -> Path:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    from rlx_cli.base_model import CHARS, SPECIAL
+    from rlx_cli.engine.base_model import CHARS, SPECIAL
 
     symbols = SPECIAL + list(CHARS)
     vocab = {tok: i for i, tok in enumerate(symbols + [f"<x{i}>" for i in range(ARCH["vocab_size"] - len(symbols))])}

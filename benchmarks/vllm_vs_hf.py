@@ -19,10 +19,10 @@ import time
 
 import torch
 
-from rlx_cli.build import build
-from rlx_cli.compose import compose, job_config
-from rlx_cli.progress import Progress
-from rlx_cli.rollout import HFSampler
+from rlx_cli.config.compose import compose, job_config
+from rlx_cli.loops.build import build
+from rlx_cli.loops.progress import Progress
+from rlx_cli.sampling.rollout import HFSampler
 
 
 def timed(fn):
@@ -64,7 +64,7 @@ def generation(repeats: int) -> tuple[dict, list[float]]:
 
 def lora(repeats: int) -> dict:
     """Two engines on one LoRA policy, merged weights vs a new adapter, taking turns: sync s and tokens/s after."""
-    from rlx_cli.vllm_rollout import VLLMSampler
+    from rlx_cli.sampling.vllm_rollout import VLLMSampler
 
     cfg = job_config(compose(["rollout=vllm", "trainer.threads=1", "model.finetune=lora"]))
     parts = build(cfg, Progress(quiet=True))

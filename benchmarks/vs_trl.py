@@ -57,7 +57,7 @@ def make_model_dir(size: str, new_tokens: int, root: Path) -> Path:
     import torch
     from transformers import GenerationConfig, LlamaForCausalLM
 
-    from rlx_cli.base_model import char_llama_config, char_tokenizer
+    from rlx_cli.engine.base_model import char_llama_config, char_tokenizer
 
     target = root / f"{size}-{new_tokens}"
     if (target / "config.json").exists():
@@ -79,10 +79,10 @@ def make_model_dir(size: str, new_tokens: int, root: Path) -> Path:
 
 def tiny_base_dir() -> Path:
     """The built-in base model, built once (about 2 min) and cached in $RLX_HOME."""
-    from rlx_cli.base_model import ensure_base_model
-    from rlx_cli.compose import compose
-    from rlx_cli.progress import Progress
-    from rlx_cli.tasks import build_task
+    from rlx_cli.config.compose import compose
+    from rlx_cli.engine.base_model import ensure_base_model
+    from rlx_cli.loops.build import build_task
+    from rlx_cli.loops.progress import Progress
 
     cfg = compose([])
     return ensure_base_model(cfg.model, cfg.task, build_task(cfg.task), Progress())
@@ -92,7 +92,8 @@ def rlx_worker(args) -> dict:
     """``rlx train algo=grpo`` in this process, its step starts and phases timed by light wrappers."""
     import torch
 
-    from rlx_cli import logprobs, loop, run
+    from rlx_cli.engine import logprobs
+    from rlx_cli.loops import loop, run
 
     timers = Timers()
     loop.sample_groups = _starting(timers, loop.sample_groups)
@@ -140,7 +141,7 @@ def trl_worker(args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlx_cli.tasks import Problem, SumsTask
+    from rlx_cli.sampling.tasks import Problem, SumsTask
 
     timers = Timers()
     _patch_generate(timers)

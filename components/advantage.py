@@ -2,7 +2,7 @@
 
 Registered functions take their tensors positionally, named only from ``token_rewards``, ``values``,
 ``mask``, ``scores``, ``group_index`` and the rollout's token annotations ``step_rewards``, ``step_ends``
-(a task's step verifier), ``cut_values``, ``cuts``, ``token_probs`` (SPO-chain's stage, ``rlx_cli/credit.py``);
+(a task's step verifier), ``cut_values``, ``cuts``, ``token_probs`` (SPO-chain's stage, ``rlx_cli/sampling/credit.py``);
 the engine passes them by name. ``scores`` ``[B]`` is one scalar reward per response; ``token_rewards``
 ``[B, T]`` is that score placed on the last real token minus any per-token KL penalty (see ``token_rewards``).
 Masked entries of every output are 0.

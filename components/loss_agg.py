@@ -54,7 +54,7 @@ def denominator(mask: Tensor, *, mode: str = "token_mean") -> Tensor:
     ``token_mean``: Σm; the two ``seq_mean`` row means: the rows with a real token;
     ``seq_mean_token_sum_norm``: B·T. A batch split into parts aggregates to Σ_parts aggregate(part) ·
     D(part) / ΣD (for ``seq_mean_token_sum_norm`` when every part keeps the width T): how data-parallel
-    processes weight their losses (``rlx_cli/distributed.py``).
+    processes weight their losses (``rlx_cli/engine/distributed.py``).
     """
     if mode == "token_mean":
         return masked_count(mask)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import typer
 
-from rlx_cli.compose import group_choices
-from rlx_cli.errors import UserError
+from rlx_cli.config.compose import group_choices
+from rlx_cli.config.errors import UserError
 
 
 def groups_help() -> str:
@@ -76,7 +76,7 @@ def train(
 
     Examples: rlx train · rlx train algo=vapo +ablate=no_value_pretrain seed=1 · rlx train algo=grpo --cfg job
     """
-    from rlx_cli.run import train_command
+    from rlx_cli.loops.run import train_command
 
     overrides, print_cfg = split_cfg_flag(list(overrides or []))
     train_command(overrides, print_cfg=print_cfg)
@@ -86,7 +86,7 @@ def train(
 @user_errors
 def list_components(group: str = typer.Argument(None, help="One component group, e.g. advantage.")) -> None:
     """List registered components with their hyperparameters and defaults."""
-    from rlx_cli.listing import print_components
+    from rlx_cli.config.listing import print_components
 
     print_components(group)
 
@@ -119,7 +119,7 @@ def sweep(
     Examples: rlx sweep algo=grpo 'loss_agg.mode=token_mean,seq_mean_token_mean' seed=0,1 --jobs 2 ·
     rlx sweep seed=0,1,2 --dry-run
     """
-    from rlx_cli.sweep import sweep_command
+    from rlx_cli.studies.sweep import sweep_command
 
     code = sweep_command(only_overrides(overrides), jobs=jobs, launcher=launcher, study=study, dry_run=dry_run,
                          rerun=rerun)  # fmt: skip
@@ -141,7 +141,7 @@ def ablate(
 
     Examples: rlx ablate algo=vapo --seeds 3 --jobs 2 · rlx ablate algo=vapo --dry-run
     """
-    from rlx_cli.sweep import ablate_command
+    from rlx_cli.studies.sweep import ablate_command
 
     code = ablate_command(only_overrides(overrides), seeds=seeds, jobs=jobs, launcher=launcher, study=study,
                           dry_run=dry_run, rerun=rerun)  # fmt: skip
@@ -182,7 +182,7 @@ def report(
     rlx report --experiment rlx --format csv --out t.csv --plots curves/
     · rlx report --study entropy --fit entropy --metric eval/accuracy --plots fits/
     """
-    from rlx_cli.report import report_command
+    from rlx_cli.studies.report import report_command
 
     text = report_command(
         experiment=experiment, study=study, metric=metric, baseline=baseline, reduce_by=reduce, k=k, fmt=fmt,
@@ -206,7 +206,7 @@ def status(
 
     Examples: rlx status --study vapo-ablation · rlx status --study vapo-ablation --watch
     """
-    from rlx_cli.status import status_command
+    from rlx_cli.studies.status import status_command
 
     status_command(study, watch=watch, every=every)
 
@@ -223,7 +223,7 @@ def ui(
 
     Examples: rlx ui · rlx ui --port 5001
     """
-    from rlx_cli.track import ui_command
+    from rlx_cli.loops.track import ui_command
 
     raise typer.Exit(ui_command(host, port))
 

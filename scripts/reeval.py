@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from rlx_cli.compose import compose
-from rlx_cli.models import load_pretrained
-from rlx_cli.report import connect, load_runs
-from rlx_cli.rollout import HFSampler
-from rlx_cli.tasks import build_task
+from rlx_cli.config.compose import compose
+from rlx_cli.engine.models import load_pretrained
+from rlx_cli.loops.build import build_task
+from rlx_cli.sampling.rollout import HFSampler
+from rlx_cli.studies.runs import connect, load_runs
 
 
 def sampled_accuracy(path: Path, cfg, samples: int, seed: int, batch: int) -> float:

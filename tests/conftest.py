@@ -46,7 +46,7 @@ def save_tiny_llama(path: Path, *, layers: int, heads: int, head_dim: int, tie: 
     import torch
     from transformers import LlamaForCausalLM
 
-    from rlx_cli.base_model import char_llama_config, char_tokenizer
+    from rlx_cli.engine.base_model import char_llama_config, char_tokenizer
 
     arch = dict(
         hidden_size=32,

@@ -22,7 +22,7 @@ def tiny_model(path: Path) -> None:
     """A randomly initialised two-layer Llama with rlx's character tokenizer, in ``save_pretrained`` format."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from rlx_cli.base_model import VOCAB_SIZE, char_tokenizer
+    from rlx_cli.engine.base_model import VOCAB_SIZE, char_tokenizer
 
     tokenizer = char_tokenizer()
     config = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -36,7 +36,7 @@ def softcapped_model(workdir: Path) -> None:
     """A tiny Gemma 2, whose logits are soft-capped after the head."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    from rlx_cli.base_model import VOCAB_SIZE, char_tokenizer
+    from rlx_cli.engine.base_model import VOCAB_SIZE, char_tokenizer
 
     tokenizer = char_tokenizer()
     config = Gemma2Config(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -99,6 +99,7 @@ def judge_model(workdir: Path) -> None:
 
 PAIR_ROWS = "".join(json.dumps({"prompt": f"{i},1:", "chosen": f"{i}+1={i + 1}#{i + 1}"}) + "\n" for i in range(9))
 ROWS = "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(10))
+WORDS = "".join(json.dumps({"prompt": f"What is {i} plus one?", "answer": str(i + 1)}) + "\n" for i in range(10))
 UNREACHABLE = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}  # loopback, a port nothing listens on
 NO_VLLM = {"PYTHONPATH": str(Path(__file__).parent / "no_vllm")}  # vllm unimportable, also where it is installed
 
@@ -176,6 +177,9 @@ CASES = [
      ["task.step_verifier=nope:steps"], None, write("d.jsonl", ROWS)),
     ("steps-without-a-step-verifier", [*LOAD, "algo=grpo_process", "model=hf", "model.path=model", "task=jsonl",
      "task.path=d.jsonl"], ["advantage=grpo_process", "task.step_verifier"], None, model_and_rows),
+    ("data-foreign-to-the-built-in-model", [*LOAD, "task=jsonl", "task.path=q.jsonl"],
+     ["model=tiny with no model.path", "task.path=q.jsonl", "use model=hf model.path=DIR"], None,
+     write("q.jsonl", WORDS)),
     ("data-missing-field", [*LOAD, "task=jsonl", "task.path=d.jsonl", "task.answer_field=solution"],
      ["task.path=d.jsonl", "solution"], None, write("d.jsonl", ROWS)),
     # preferences and judges
@@ -271,7 +275,8 @@ def test_rlx_ui_serves_the_current_store_on_loopback_by_default(workdir, monkeyp
     import inspect
     import subprocess
 
-    from rlx_cli import cli, track
+    from rlx_cli import cli
+    from rlx_cli.loops import track
 
     assert inspect.signature(cli.ui).parameters["host"].default.default == "127.0.0.1"
     calls = []

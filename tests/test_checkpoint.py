@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import SHORT, mlflow_runs, rlx
 
-from rlx_cli import checkpoint
+from rlx_cli.loops import checkpoint
 
 # one torch thread: on a small shared machine more threads mostly wait for each other
 STEPS = [*(o for o in SHORT if not o.startswith("trainer.steps=")), "trainer.steps=8", "trainer.ckpt_every=2",
@@ -88,7 +88,7 @@ def test_a_fresh_run_refuses_an_output_dir_with_checkpoints(workdir):
 def test_a_signal_inside_the_loop_waits_for_the_step_outside_it_stops_at_once():
     import os
 
-    from rlx_cli.signals import Stopped, StopRequests
+    from rlx_cli.loops.signals import Stopped, StopRequests
 
     before = signal.getsignal(signal.SIGINT)  # SIG_IGN when pytest runs in the background
     with StopRequests() as stop:
@@ -106,7 +106,7 @@ def test_a_repeated_sigterm_is_one_request_a_second_ctrl_c_stops_at_once():
     """A dying sweep driver sends its worker SIGTERM once per thread of its own: the step must still finish."""
     import os
 
-    from rlx_cli.signals import Stopped, StopRequests
+    from rlx_cli.loops.signals import Stopped, StopRequests
 
     with StopRequests() as stop:
         with stop.deferred():
@@ -173,7 +173,7 @@ def test_a_resume_carries_reward_errors_and_stores_each_step_once(workdir, flaky
 
     from mlflow.tracking import MlflowClient
 
-    from rlx_cli.run import train_command
+    from rlx_cli.loops.run import train_command
 
     straight = train_command([*flaky_task, "trainer.output_dir=straight", "tracking.experiment=straight"])
     again = [*flaky_task, "trainer.output_dir=again", "tracking.experiment=again"]

@@ -63,8 +63,8 @@ def test_short_run_lands_in_mlflow(workdir):
 
 
 def test_a_run_that_raises_is_marked_failed(workdir, monkeypatch):
-    from rlx_cli import loop
-    from rlx_cli.run import train_command
+    from rlx_cli.loops import loop
+    from rlx_cli.loops.run import train_command
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected failure")

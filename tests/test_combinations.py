@@ -13,7 +13,7 @@ import math
 import pytest
 from conftest import SHORT
 
-from rlx_cli.run import train_command
+from rlx_cli.loops.run import train_command
 
 COMBINATIONS = [
     ("gae", "token_mean", ["kl=estimate", "kl.placement=reward", "kl.kind=k1"]),

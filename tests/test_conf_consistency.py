@@ -12,7 +12,7 @@ CONF = Path(__file__).parents[1] / "conf"
 GROUPS = sorted(registry.WIRING_KEYS)
 # the engine dispatches advantage inputs by parameter name
 ADVANTAGE_INPUTS = {"token_rewards", "values", "mask", "scores", "group_index"}
-# and the rollout stages' annotations (rlx_cli/credit.py)
+# and the rollout stages' annotations (rlx_cli/sampling/credit.py)
 ADVANTAGE_INPUTS |= {"step_rewards", "step_ends", "cut_values", "cuts", "token_probs"}
 
 

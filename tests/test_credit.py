@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from components import advantage, policy_loss, token_filter
-from rlx_cli.credit import step_metrics, step_tensors, token_char_ends
-from rlx_cli.rollout import HFSampler, Rollout, assemble
-from rlx_cli.tasks import Problem, sum_steps
+from rlx_cli.engine.batch import Rollout
+from rlx_cli.sampling.credit import step_metrics, step_tensors, token_char_ends
+from rlx_cli.sampling.rollout import HFSampler, assemble
+from rlx_cli.sampling.tasks import Problem, sum_steps
 
 S = 3**-0.5  # 1 / std of [1, 0, 1] (unbiased: var = (1/9 + 4/9 + 1/9) / 2 = 1/3)
 
@@ -237,7 +238,7 @@ def test_low_probability_filter_keeps_real_tokens_sampled_below_the_threshold():
 
 
 def test_annotations_follow_select_and_concat():
-    from rlx_cli.base_model import char_tokenizer
+    from rlx_cli.engine.base_model import char_tokenizer
 
     tokenizer = char_tokenizer()
     a, b = rollout_of(tokenizer, ["1+2=3#3"]), rollout_of(tokenizer, ["1#1", "22"])
@@ -250,7 +251,7 @@ def test_annotations_follow_select_and_concat():
 
 
 def test_prefixes_follow_their_prompts_tokens():
-    from rlx_cli.base_model import char_tokenizer
+    from rlx_cli.engine.base_model import char_tokenizer
 
     tokenizer = char_tokenizer()
     sampler = HFSampler(tokenizer)
@@ -262,7 +263,7 @@ def test_prefixes_follow_their_prompts_tokens():
 
 
 def test_step_verifier_returns_that_are_not_steps_count_as_errors():
-    from rlx_cli.verifiers import score_steps_all
+    from rlx_cli.sampling.verifiers import score_steps_all
 
     def verifier(response, answer, prompt):
         return {"ok": [(2, 1), (4, 0.5)], "bad end": [("2", 1.0)], "not pairs": [3]}[response]
@@ -272,8 +273,8 @@ def test_step_verifier_returns_that_are_not_steps_count_as_errors():
 
 
 def test_a_step_verifier_that_cannot_be_imported_is_one_line_naming_the_key(tmp_path):
-    from rlx_cli.errors import UserError
-    from rlx_cli.tasks import FileTask
+    from rlx_cli.config.errors import UserError
+    from rlx_cli.sampling.tasks import FileTask
 
     data = tmp_path / "data.jsonl"
     data.write_text('{"prompt": "1,2:", "answer": "3"}\n' * 4)
@@ -289,9 +290,9 @@ def test_a_step_verifier_that_cannot_be_imported_is_one_line_naming_the_key(tmp_
 def test_a_resumed_rft_run_needs_its_answers_drawn_for_the_same_settings(tmp_path):
     from omegaconf import OmegaConf
 
-    from rlx_cli.base_model import char_tokenizer
-    from rlx_cli.errors import UserError
-    from rlx_cli.rft import load_samples, save_samples
+    from rlx_cli.config.errors import UserError
+    from rlx_cli.engine.base_model import char_tokenizer
+    from rlx_cli.loops.rft import load_samples, save_samples
 
     def cfg(steps: int):
         return OmegaConf.create(

@@ -12,7 +12,7 @@ import sys
 import pytest
 from conftest import SHORT, rlx
 
-from rlx_cli.run import train_command
+from rlx_cli.loops.run import train_command
 
 # 4 prompts x 4 answers a step, one torch thread, no MLflow: seconds a run
 SMALL = [*(o for o in SHORT if o != "trainer.steps=3"), "rollout.group_size=4", "tracking=none"]
@@ -65,10 +65,10 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(workdir, algo):
 @pytest.fixture(scope="module")
 def base_dir():
     """The built-in base model's directory, for model=hf (built once and cached, like every run's)."""
-    from rlx_cli.base_model import ensure_base_model
-    from rlx_cli.compose import compose
-    from rlx_cli.progress import Progress
-    from rlx_cli.tasks import build_task
+    from rlx_cli.config.compose import compose
+    from rlx_cli.engine.base_model import ensure_base_model
+    from rlx_cli.loops.build import build_task
+    from rlx_cli.loops.progress import Progress
 
     cfg = compose([])
     return ensure_base_model(cfg.model, cfg.task, build_task(cfg.task), Progress(quiet=True))

@@ -69,12 +69,12 @@ def sgd(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 def one_update(model_dir, mode: str, overrides: list[str]):
     """``update_step`` on a fixed batch of 16 rows, 2 minibatches -> (metrics, trainable weights after it, the
     largest change of a policy weight)."""
-    from rlx_cli.build import build
-    from rlx_cli.checkpoint import TrainState
-    from rlx_cli.compose import compose, job_config
-    from rlx_cli.progress import Progress
-    from rlx_cli.sharding import full_tensors
-    from rlx_cli.update import update_step
+    from rlx_cli.config.compose import compose, job_config
+    from rlx_cli.engine.sharding import full_tensors
+    from rlx_cli.loops.build import build
+    from rlx_cli.loops.checkpoint import TrainState
+    from rlx_cli.loops.progress import Progress
+    from rlx_cli.loops.update import update_step
 
     cfg = job_config(
         compose(["model=hf", f"model.path={model_dir}", "trainer.threads=1", f"loss_agg.mode={mode}", *overrides])
@@ -117,9 +117,9 @@ def one_update(model_dir, mode: str, overrides: list[str]):
 
 def check_gather_and_agreement() -> None:
     """``gather_samples`` rebuilds the one-process batch; the NaN-guard flag and stop signals are agreed on."""
-    from rlx_cli import distributed
-    from rlx_cli.base_model import char_tokenizer
-    from rlx_cli.rollout import Rollout, position_ids
+    from rlx_cli.engine import distributed
+    from rlx_cli.engine.base_model import char_tokenizer
+    from rlx_cli.engine.batch import Rollout, position_ids
 
     def local(r: int) -> Rollout:  # rank r's samples: its own prompt and response widths
         prompt = torch.full((2, 3 + r), 4 + r)
@@ -150,7 +150,7 @@ def worker(rank: int, port: int, model_dir, out_dir) -> None:
     """One of two processes, set up as torchrun sets them up."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))  # fmt: skip
-    from rlx_cli import distributed
+    from rlx_cli.engine import distributed
 
     distributed.start()
     check_gather_and_agreement()

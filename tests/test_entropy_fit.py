@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from rlx_cli.entropy_fit import fit_entropy_law, paired
-from rlx_cli.errors import UserError
-from rlx_cli.report import report_command
+from rlx_cli.config.errors import UserError
+from rlx_cli.studies.entropy_fit import fit_entropy_law, paired
+from rlx_cli.studies.report import report_command
 
 H = [math.log(x) for x in (1.0, 2.0, 3.0, 4.0)]  # exp(H) = 1, 2, 3, 4
 
@@ -97,6 +97,6 @@ def test_report_fit_errors(store):
     with pytest.raises(UserError, match="--fit reward is not valid"):
         report_command(experiment="entropy", fit="reward")
     with pytest.raises(UserError, match="needs 'train/entropy'"):
-        from rlx_cli.entropy_fit import fit_report
+        from rlx_cli.studies.entropy_fit import fit_report
 
         fit_report([], "eval/accuracy", ["eval/accuracy"], None)

@@ -7,9 +7,9 @@ import torch
 from conftest import save_tiny_llama
 from omegaconf import OmegaConf
 
-from rlx_cli.errors import UserError
-from rlx_cli.judge import Judge, JudgedTask, judge_reward
-from rlx_cli.tasks import Problem, SumsTask
+from rlx_cli.config.errors import UserError
+from rlx_cli.sampling.judge import Judge, JudgedTask, judge_reward
+from rlx_cli.sampling.tasks import Problem, SumsTask
 
 JUDGE = {
     "template": "{question}{response}={reference}:",

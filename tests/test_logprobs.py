@@ -10,8 +10,9 @@ import pytest
 import torch
 from conftest import save_tiny_llama
 
-from rlx_cli import logprobs
-from rlx_cli.rollout import HFSampler, Rollout
+from rlx_cli.engine import logprobs
+from rlx_cli.engine.batch import Rollout
+from rlx_cli.sampling.rollout import HFSampler
 
 
 def plain_logp(model, batch: Rollout, temperature: float):
@@ -37,7 +38,7 @@ def model_and_batch(tmp_path, *, tie: bool, lora: list[str] | None):
     if lora:
         config = LoraConfig(r=4, lora_alpha=8, target_modules=lora, init_lora_weights=False)
         model = get_peft_model(model, config)
-    from rlx_cli.base_model import char_tokenizer
+    from rlx_cli.engine.base_model import char_tokenizer
 
     torch.manual_seed(0)
     prompts = ["1,2:", "3,4,5:", "6,7,8,9:", "2:"]
@@ -81,8 +82,8 @@ def test_padding_rows_and_no_token_at_all(tmp_path):
 MEMORY = """
 import resource, sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from rlx_cli.logprobs import response_logp
-from rlx_cli.rollout import Rollout, position_ids
+from rlx_cli.engine.logprobs import response_logp
+from rlx_cli.engine.batch import Rollout, position_ids
 torch.manual_seed(0)
 config = LlamaConfig(vocab_size=32000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                      num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)

@@ -10,10 +10,10 @@ from conftest import SHORT
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from rlx_cli import loop
-from rlx_cli.build import components_of
-from rlx_cli.compose import compose
-from rlx_cli.logprobs import Scorer
+from rlx_cli.config.compose import compose
+from rlx_cli.engine.logprobs import Scorer
+from rlx_cli.loops import loop
+from rlx_cli.loops.build import components_of
 
 SCORER_FORWARD = Scorer.forward
 RUN = [*SHORT, "rollout.group_size=4", "trainer.minibatches=1", "trainer.ckpt_every=0", "tracking=none"]
@@ -38,7 +38,7 @@ def test_when_the_update_supplies_the_old_log_probs(overrides, expected):
 def train_counting_forwards(monkeypatch, overrides: list[str]) -> int:
     """``rlx train algo=grpo`` (short, one minibatch, one micro-batch a pass) with ``overrides``; -> how many
     log-prob forwards it ran."""
-    from rlx_cli.run import train_command
+    from rlx_cli.loops.run import train_command
 
     calls = 0
 

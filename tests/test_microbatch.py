@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import save_tiny_llama
 
-from rlx_cli.logprobs import response_logp
-from rlx_cli.microbatch import MicroBatch, place, plan, split
+from rlx_cli.engine.logprobs import response_logp
+from rlx_cli.engine.microbatch import MicroBatch, place, plan, split
 
 
 def cost(rows: list[int], prompts: list[int], responses: list[int]) -> int:
@@ -38,8 +38,8 @@ def test_strict_cap_and_every_row_once(budget):
 def model_and_batch(tmp_path_factory):
     from transformers import LlamaForCausalLM
 
-    from rlx_cli.base_model import char_tokenizer
-    from rlx_cli.rollout import HFSampler
+    from rlx_cli.engine.base_model import char_tokenizer
+    from rlx_cli.sampling.rollout import HFSampler
 
     path = save_tiny_llama(tmp_path_factory.mktemp("m"), layers=1, heads=2, head_dim=16)
     model = LlamaForCausalLM.from_pretrained(path)

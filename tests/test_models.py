@@ -8,10 +8,10 @@ from conftest import save_tiny_llama
 from omegaconf import OmegaConf
 from transformers import LlamaForCausalLM
 
-from rlx_cli.compose import compose
-from rlx_cli.logprobs import response_logp
-from rlx_cli.models import SharedCritic, build_models
-from rlx_cli.rollout import HFSampler
+from rlx_cli.config.compose import compose
+from rlx_cli.engine.logprobs import response_logp
+from rlx_cli.engine.models import SharedCritic, build_models
+from rlx_cli.sampling.rollout import HFSampler
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +78,8 @@ def test_full_finetune_gets_a_frozen_reference_copy(model_dir):
 
 
 def test_device_auto_is_the_cpu_without_cuda_and_cuda_is_refused_in_one_line(monkeypatch):
-    from rlx_cli.errors import UserError
-    from rlx_cli.models import pick_device
+    from rlx_cli.config.errors import UserError
+    from rlx_cli.engine.models import pick_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert pick_device("auto") == torch.device("cpu")
@@ -103,7 +103,7 @@ def test_models_land_on_the_device_asked_for(model_dir):
 def test_activation_checkpointing_keeps_every_gradient(model_dir, finetune):
     """Policy and critic (a separate model with full fine-tuning, a second adapter with LoRA): the gradients of a
     loss on log-probs, entropy and values are the same with activations recomputed in backward."""
-    from rlx_cli.logprobs import causal_lm
+    from rlx_cli.engine.logprobs import causal_lm
 
     grads = {}
     for checkpointing in (False, True):

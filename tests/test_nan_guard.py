@@ -9,7 +9,7 @@ import torch
 from conftest import SHORT, mlflow_runs, rlx
 from safetensors.torch import load_file
 
-from rlx_cli import checkpoint
+from rlx_cli.loops import checkpoint
 
 # one torch thread: on a small shared machine more threads mostly wait for each other
 RUN = [*SHORT, "rollout.group_size=4", "trainer.threads=1", "trainer.minibatches=2", "trainer.output_dir=out"]

@@ -10,9 +10,9 @@ import pytest
 from conftest import REPO, mlflow_runs, rlx
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlx_cli.base_model import char_tokenizer
-from rlx_cli.run import train_command
-from rlx_cli.verifiers import exact, load_verifier, math, score_all
+from rlx_cli.engine.base_model import char_tokenizer
+from rlx_cli.loops.run import train_command
+from rlx_cli.sampling.verifiers import exact, load_verifier, math, score_all
 
 EXAMPLE = REPO / "examples" / "arithmetic.jsonl"
 FAST = [

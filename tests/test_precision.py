@@ -7,9 +7,9 @@ import torch
 from conftest import SHORT, save_tiny_llama
 from safetensors.torch import load_file
 
-from rlx_cli.compose import compose
-from rlx_cli.models import build_models
-from rlx_cli.rollout import HFSampler
+from rlx_cli.config.compose import compose
+from rlx_cli.engine.models import build_models
+from rlx_cli.sampling.rollout import HFSampler
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_bf16_mixed_computes_in_bf16_from_float32_weights(model_dir):
 
 def changed_share(output_dir) -> float:
     """The share of the policy's weights that differ from the built-in base model's (in the final weights' dtype)."""
-    from rlx_cli.base_model import cache_key, rlx_home
+    from rlx_cli.engine.base_model import cache_key, rlx_home
 
     cfg = compose([])
     base = load_file(rlx_home() / "base" / f"tiny-{cache_key(cfg.model, cfg.task)}" / "model.safetensors")
@@ -76,7 +76,7 @@ def changed_share(output_dir) -> float:
 def test_bf16_mixed_moves_every_weight_at_lr_1e6_and_bf16_true_does_not(tmp_path, monkeypatch):
     """Full fine-tuning, lr 1e-6, 5 steps: fp32 master weights take each small AdamW update; pure bf16 rounds
     almost all of them away (bf16 keeps 8 significant bits: an update below |w|·2⁻⁹ is lost)."""
-    from rlx_cli.run import train_command
+    from rlx_cli.loops.run import train_command
 
     monkeypatch.chdir(tmp_path)
     share = {}

@@ -9,7 +9,7 @@ import math
 import pytest
 from conftest import REPO, SHORT, save_tiny_llama
 
-from rlx_cli.run import train_command
+from rlx_cli.loops.run import train_command
 
 PAIRS = REPO / "examples" / "sums_pairs.jsonl"
 RUN = [*SHORT, "rollout.group_size=4", "tracking=none", "trainer.output_dir=out"]
@@ -46,6 +46,14 @@ def test_dpo_on_a_pairs_file(workdir, tiny_dir, finetune):
     assert final["train/pairs"] == 4 and final["train/skipped_steps"] == 0
     saved = {p.name for p in (workdir / "out" / "final").iterdir()}
     assert ("adapter_model.safetensors" if finetune == "lora" else "model.safetensors") in saved
+
+
+@pytest.mark.slow
+def test_dpo_on_the_shipped_sums_pairs_with_the_built_in_model(workdir):
+    """docs/preferences.md's example: the sums file's characters are the built-in base's, so it trains on it."""
+    final = train_command(["algo=dpo", "task=pairs", f"task.path={PAIRS}", *FILE_RUN])
+    assert finite(final, "train/loss", "train/rewards/margins", "eval/preference_accuracy")
+    assert final["train/pairs"] == 4 and final["train/skipped_steps"] == 0
 
 
 @pytest.mark.slow

@@ -7,11 +7,11 @@ import torch
 from conftest import REPO, save_tiny_llama
 
 from components import preference
-from rlx_cli.build import build
-from rlx_cli.compose import compose, job_config
-from rlx_cli.pairs import Pair, pair_rollout, pairs_for_step
-from rlx_cli.preference_update import pair_update
-from rlx_cli.progress import Progress
+from rlx_cli.config.compose import compose, job_config
+from rlx_cli.loops.build import build
+from rlx_cli.loops.preference_update import pair_update
+from rlx_cli.loops.progress import Progress
+from rlx_cli.sampling.pairs import Pair, pair_rollout, pairs_for_step
 
 PAIRS = [
     Pair("3,4:", "3+4=7#7", "3+4=8#8"),

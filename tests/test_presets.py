@@ -7,9 +7,9 @@ import functools
 import pytest
 from conftest import SHORT
 
-from rlx_cli.compose import compose, flat, group_choices, job_config
-from rlx_cli.errors import UserError
-from rlx_cli.validate import validate
+from rlx_cli.config.compose import compose, flat, group_choices, job_config
+from rlx_cli.config.errors import UserError
+from rlx_cli.config.validate import validate
 
 ALGOS = group_choices()["algo"]
 # what each overlay may change, relative to the preset it is applied to (lam_schedule.alpha disappears and
@@ -88,7 +88,7 @@ def test_an_overlay_that_does_not_apply_is_refused():
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ALGOS)
 def test_every_preset_trains_three_steps(workdir, algo):
-    from rlx_cli.run import train_command
+    from rlx_cli.loops.run import train_command
 
     final = train_command([f"algo={algo}", *SHORT, "value_pretrain.steps=2", "tracking=none", "trainer.output_dir=out"])
     assert 0.0 <= final["eval/accuracy"] <= 1.0 and final["train/response_len"] > 0

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from conftest import save_tiny_llama
 
-from rlx_cli.compose import compose
-from rlx_cli.rollout import HFSampler, Rollout
+from rlx_cli.config.compose import compose
+from rlx_cli.engine.batch import Rollout
+from rlx_cli.sampling.rollout import HFSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import reeval  # noqa: E402

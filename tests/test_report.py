@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 from conftest import SHORT, mlflow_runs, rlx
 
-from rlx_cli import stats
-from rlx_cli.errors import UserError
-from rlx_cli.report import reduce, report_command
-from rlx_cli.report_format import latex_escape
+from rlx_cli.config.errors import UserError
+from rlx_cli.studies import stats
+from rlx_cli.studies.report import reduce, report_command
+from rlx_cli.studies.report_format import latex_escape
 
 FULL = "algo=vapo trainer.steps=20"
 # arm -> {seed: final eval/accuracy}; the histories are [0.1 at step 0, final - 0.1 at step 10, final at step 20]
@@ -307,7 +307,7 @@ def test_sweep_then_report_acceptance_1(workdir):
 
 
 def test_a_delta_prints_at_its_columns_precision():
-    from rlx_cli.report_format import mean_std, num, signed
+    from rlx_cli.studies.report_format import mean_std, num, signed
 
     assert signed(-0.000587, 0.75) == "-0.001"  # a Δ of accuracies: 3 decimals like the accuracies
     assert signed(0.0009, 0.75) == "+0.001"

@@ -1,7 +1,8 @@
 import torch
 
-from rlx_cli.base_model import char_tokenizer
-from rlx_cli.rollout import position_ids, response_mask
+from rlx_cli.engine.base_model import char_tokenizer
+from rlx_cli.engine.batch import position_ids
+from rlx_cli.sampling.rollout import response_mask
 
 
 def test_response_mask_runs_up_to_and_including_the_first_eos():
@@ -25,8 +26,8 @@ def test_char_tokenizer_round_trip_with_bos():
 
 
 def test_answers_cut_at_the_budget_and_a_batch_without_them():
-    from rlx_cli.loop import cut_short
-    from rlx_cli.rollout import Rollout, position_ids
+    from rlx_cli.engine.batch import Rollout, position_ids
+    from rlx_cli.loops.loop import cut_short
 
     eos, pad = 2, 0
     # row 0 ends with EOS inside the budget of 4, row 1 is cut at 4 tokens, row 2 ends with EOS at the 4th token

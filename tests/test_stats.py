@@ -1,4 +1,4 @@
-"""rlx_cli.stats: the t-tests, Holm, power and detectable effects against hand-computed values and scipy."""
+"""rlx_cli.studies.stats: the t-tests, Holm, power and detectable effects against hand-computed values and scipy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from rlx_cli import stats
+from rlx_cli.studies import stats
 
 
 def test_mean_and_sample_std():

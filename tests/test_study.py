@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 from conftest import mlflow_runs, rlx
 
-from rlx_cli import locks
-from rlx_cli.errors import UserError
-from rlx_cli.study import DRIVER_LOCK, WORKER_LOCK, Study, point_folder, record_points
-from rlx_cli.sweep import Point
+from rlx_cli.config.errors import UserError
+from rlx_cli.studies import locks
+from rlx_cli.studies.study import DRIVER_LOCK, WORKER_LOCK, Point, Study, point_folder, record_points
 
-HOLD = "import sys, time\nfrom pathlib import Path\nfrom rlx_cli import locks\nfd = locks.take(Path(sys.argv[1]))\n"
+HOLD = (
+    "import sys, time\nfrom pathlib import Path\n"
+    "from rlx_cli.studies import locks\nfd = locks.take(Path(sys.argv[1]))\n"
+)
 
 
 def holder(path: Path, seconds: float = 60) -> subprocess.Popen:
@@ -61,7 +63,7 @@ def test_a_worker_gets_sigterm_and_keeps_its_lock_when_its_driver_is_sigkilled(t
     lock = tmp_path / "point" / WORKER_LOCK
     driver = textwrap.dedent(f"""
         import sys
-        from rlx_cli.launchers import run_worker
+        from rlx_cli.studies.launchers import run_worker
         run_worker([sys.executable, "-c", {worker!r}], None, {str(tmp_path)!r}, {str(tmp_path / "w.log")!r},
                    lock={str(lock)!r})
     """)
@@ -123,7 +125,7 @@ def study(workdir):
 
 def test_status_shows_each_state(study, capsys):
     """Acceptance 3: finished, running (step x of y), stopped (worker gone / KILLED), failed and pending."""
-    from rlx_cli.status import gather, status_command
+    from rlx_cli.studies.status import gather, status_command
 
     store, points, home = study
     client = store.client
@@ -237,8 +239,8 @@ def kill_mid_way(workdir: Path) -> tuple[list[str], str, str]:
     """Launch the study; once a point has FINISHED and two run, one of them with a checkpoint and steps to go,
     SIGKILL the other's worker (a lost process: its run stays RUNNING), then the driver (the first worker gets
     SIGTERM, checkpoints and ends KILLED) -> (the states ``rlx status`` saw just before, the two folders' names)."""
-    from rlx_cli.status import gather
-    from rlx_cli.study import last_checkpoint_step
+    from rlx_cli.studies.status import gather
+    from rlx_cli.studies.study import last_checkpoint_step
 
     driver = subprocess.Popen([sys.executable, "-m", "rlx_cli", "sweep", *STUDY], cwd=workdir, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
@@ -272,7 +274,7 @@ def histories(run_id: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def by_point(workdir: Path) -> dict[str, list]:
-    from rlx_cli.study import canonical
+    from rlx_cli.studies.study import canonical
 
     runs = mlflow_runs(workdir)
     children = runs[runs["tags.rlx.role"] != "study"] if "tags.rlx.role" in runs else runs  # no parent: no such tag
@@ -284,8 +286,8 @@ def by_point(workdir: Path) -> dict[str, list]:
 def test_a_killed_study_launched_again_ends_as_if_never_stopped(tmp_path, monkeypatch):
     """Acceptance 2: 6 points, 2 jobs; the driver SIGKILLed mid-way with one worker (the other stops by itself);
     the same command again; then the same points run without a stop."""
-    from rlx_cli.report import report_command
-    from rlx_cli.status import gather
+    from rlx_cli.studies.report import report_command
+    from rlx_cli.studies.status import gather
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     straight, cut = tmp_path / "straight", tmp_path / "cut"
@@ -311,9 +313,9 @@ def test_a_killed_study_launched_again_ends_as_if_never_stopped(tmp_path, monkey
 
     # the same points run to their end without a stop: what each of the study's workers runs, one after the other
     # in this process (saving six start-ups), in a store of their own
-    from rlx_cli.run import train_command
-    from rlx_cli.study import point_folder, worker_overrides
-    from rlx_cli.sweep import expand, plan
+    from rlx_cli.loops.run import train_command
+    from rlx_cli.studies.study import point_folder, worker_overrides
+    from rlx_cli.studies.sweep import expand, plan
 
     monkeypatch.chdir(straight)
     monkeypatch.setenv("RLX_STUDY", "cut")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import SHORT, mlflow_runs, rlx
 
-from rlx_cli import study, sweep
-from rlx_cli.errors import UserError
-from rlx_cli.launchers import check_launcher
+from rlx_cli.config.errors import UserError
+from rlx_cli.studies import study, sweep
+from rlx_cli.studies.launchers import check_launcher
 
 
 def test_expand_follows_hydra_multirun():
@@ -36,12 +36,12 @@ def test_expand_mistakes(args, named):
 
 
 def test_canonical_ignores_order_output_dir_and_resume():
-    assert sweep.canonical(["b=2", "a=1", "trainer.output_dir=x/001", "trainer.resume=true"]) == "a=1 b=2"
-    assert sweep.canonical("a=1 trainer.output_dir=y b=2") == sweep.canonical(["b=2", "a=1"])
+    assert study.canonical(["b=2", "a=1", "trainer.output_dir=x/001", "trainer.resume=true"]) == "a=1 b=2"
+    assert study.canonical("a=1 trainer.output_dir=y b=2") == study.canonical(["b=2", "a=1"])
 
 
 def test_each_point_has_a_stable_folder_of_its_own():
-    point = sweep.Point(7, ["seed=1", "algo=grpo"], "grpo", "none", 1, "rlx", True, 3)
+    point = study.Point(7, ["seed=1", "algo=grpo"], "grpo", "none", 1, "rlx", True, 3)
     folder = study.point_folder(point, "s")
     assert folder.parent == Path("outputs/sweeps/s") and folder.name.startswith("grpo-s1-")
     assert study.worker_overrides(point, folder) == [
@@ -51,11 +51,11 @@ def test_each_point_has_a_stable_folder_of_its_own():
         "trainer.resume=true",
     ]
     # the same point in another order, or launched again with an output folder or a resume: the same folder
-    again = sweep.Point(0, ["algo=grpo", "trainer.resume=false", "seed=1"], "grpo", "none", 1, "rlx", True, 3)
+    again = study.Point(0, ["algo=grpo", "trainer.resume=false", "seed=1"], "grpo", "none", 1, "rlx", True, 3)
     assert study.point_folder(again, "s") == folder
-    other = sweep.Point(7, ["seed=2", "algo=grpo"], "grpo", "none", 2, "rlx", True, 3)
+    other = study.Point(7, ["seed=2", "algo=grpo"], "grpo", "none", 2, "rlx", True, 3)
     assert study.point_folder(other, "s") != folder
-    given = sweep.Point(3, ["trainer.output_dir=runs", "seed=1"], "vapo", "no_a,no_b", 1, "rlx", True, 3)
+    given = study.Point(3, ["trainer.output_dir=runs", "seed=1"], "vapo", "no_a,no_b", 1, "rlx", True, 3)
     assert str(study.point_folder(given, "s")).startswith("runs/s/vapo+no_a+no_b-s1-")
 
 
@@ -70,7 +70,7 @@ def test_workers_get_an_absolute_tracking_uri(tmp_path, monkeypatch):
 
 
 def test_ablate_keeps_the_overlays_that_apply(monkeypatch):
-    import rlx_cli.validate
+    import rlx_cli.config.validate
 
     monkeypatch.setattr(sweep, "group_choices", lambda: {"ablate": ["no_a", "no_b", "no_c"]})
 
@@ -84,7 +84,7 @@ def test_ablate_keeps_the_overlays_that_apply(monkeypatch):
             raise UserError("lam_schedule.critic_lam: no critic here")
 
     monkeypatch.setattr(sweep, "compose", fake_compose)
-    monkeypatch.setattr(rlx_cli.validate, "validate", fake_validate)
+    monkeypatch.setattr(rlx_cli.config.validate, "validate", fake_validate)
     assert sweep.applicable_overlays(["algo=x"]) == ["no_a"]
     assert sweep.ablate_points(["algo=x", "trainer.steps=5"], seeds=2) == [
         ["algo=x", "trainer.steps=5", "seed=0"],

@@ -2,8 +2,8 @@ import random
 
 import pytest
 
-from rlx_cli.errors import UserError
-from rlx_cli.tasks import Problem, SumsTask, worked
+from rlx_cli.config.errors import UserError
+from rlx_cli.sampling.tasks import Problem, SumsTask, worked
 
 
 def test_worked_solution_without_defect():
@@ -40,8 +40,8 @@ def test_bad_term_range_is_a_user_error():
 
 
 def test_long_sums_brings_its_model_and_response_budget():
-    from rlx_cli.compose import compose
-    from rlx_cli.tasks import build_task
+    from rlx_cli.config.compose import compose
+    from rlx_cli.loops.build import build_task
 
     cfg = compose(["task=long_sums", "algo=vapo"])
     assert (cfg.model.name, cfg.model.arch.hidden_size, cfg.model.sft.carry_drop) == ("small", 96, 0.3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from rlx_cli.track import MlflowTracker
+from rlx_cli.loops.track import MlflowTracker
 
 
 def test_queued_metrics_are_all_stored_when_the_run_ends(tmp_path, monkeypatch):
@@ -37,7 +37,7 @@ def test_a_run_left_open_at_exit_ends_killed_not_finished(tmp_path):
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     code = (
-        "from omegaconf import OmegaConf\nfrom rlx_cli.track import MlflowTracker\n"
+        "from omegaconf import OmegaConf\nfrom rlx_cli.loops.track import MlflowTracker\n"
         "tracker = MlflowTracker('open', 'run')\ntracker.connect()\n"
         "tracker.start(OmegaConf.create({'seed': 0}), {})\nprint(tracker.run_id)\n"
         "raise SystemExit(143)  # as a second signal that cut the run's end short\n"

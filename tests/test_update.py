@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlx_cli.build import components_of
-from rlx_cli.compose import compose
-from rlx_cli.errors import UserError
-from rlx_cli.update import micro_loss
-from rlx_cli.validate import validate
+from rlx_cli.config.compose import compose
+from rlx_cli.config.errors import UserError
+from rlx_cli.config.validate import validate
+from rlx_cli.loops.build import components_of
+from rlx_cli.loops.update import micro_loss
 
 # 2 rows, 5 real tokens (row 1 has 2); on-policy (ratio 1), so PPO's per-token loss is −A
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])

@@ -9,7 +9,7 @@ import torch
 from conftest import SHORT, save_tiny_llama
 
 from components.masked import last_real
-from rlx_cli.tasks import Problem, SumsTask, direct, worked
+from rlx_cli.sampling.tasks import Problem, SumsTask, direct, worked
 
 
 def test_a_direct_answer_is_the_sum_or_off_by_one_to_nine():
@@ -41,7 +41,7 @@ def test_the_critic_stages_targets_by_hand():
     with an unfinished answer's score (critic.unfinished_score), that on every token before it. Padding: no target."""
     from dataclasses import replace
 
-    from rlx_cli.loop import REWARD_FIT, VALUE_PRETRAIN, fit_targets
+    from rlx_cli.loops.loop import REWARD_FIT, VALUE_PRETRAIN, fit_targets
 
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     scores = torch.tensor([0.5, 2.0])
@@ -64,10 +64,10 @@ def test_last_real_marks_each_rows_last_real_token():
 def test_the_reward_fit_step_learns_from_each_answers_last_token_only(tmp_path, micro_batch_tokens):
     """One critic step of the reward-model fit moves every weight by −lr·∇ of the loss written out by hand:
     0.5 · mean over the answers' last tokens of (V − score)², the other tokens' values free."""
-    from rlx_cli.build import build
-    from rlx_cli.compose import compose, job_config
-    from rlx_cli.progress import Progress
-    from rlx_cli.update import value_update
+    from rlx_cli.config.compose import compose, job_config
+    from rlx_cli.loops.build import build
+    from rlx_cli.loops.progress import Progress
+    from rlx_cli.loops.update import value_update
 
     path = save_tiny_llama(tmp_path, layers=2, heads=2, head_dim=16)
     cfg = job_config(compose(["model=hf", f"model.path={path}", "algo=ppo", "critic.init=reward_model",
@@ -100,7 +100,7 @@ def test_the_reward_fit_step_learns_from_each_answers_last_token_only(tmp_path, 
 @pytest.mark.parametrize("algo", ["ppo", "vc_ppo", "vapo", "grpo"])
 def test_the_presets_train_three_steps_on_shortcut_sums(workdir, algo):
     """The study's arms on task=shortcut_sums (a base built from a short SFT here); PPO's critic fitted first."""
-    from rlx_cli.run import train_command
+    from rlx_cli.loops.run import train_command
 
     quick_base = ["model=tiny", "model.sft.steps=30"]  # after task=: the command line picks the model
     fit = ["critic.init=reward_model", "critic.reward_fit_steps=2", "critic.unfinished_score=-1"]
@@ -112,9 +112,9 @@ def test_the_presets_train_three_steps_on_shortcut_sums(workdir, algo):
 
 
 def test_the_long_variants_answers_are_100_to_145_tokens_and_its_base_has_the_positions_for_them():
-    from rlx_cli.base_model import char_llama_config, char_tokenizer
-    from rlx_cli.compose import compose
-    from rlx_cli.tasks import build_task
+    from rlx_cli.config.compose import compose
+    from rlx_cli.engine.base_model import char_llama_config, char_tokenizer
+    from rlx_cli.loops.build import build_task
 
     cfg = compose(["task=shortcut_sums_long"])
     task = build_task(cfg.task)
@@ -133,7 +133,7 @@ def test_the_long_variants_answers_are_100_to_145_tokens_and_its_base_has_the_po
 @pytest.mark.parametrize("algo", ["ppo", "vc_ppo"])
 def test_the_presets_train_three_steps_on_the_long_variant(workdir, algo):
     """Answers run past the 128 positions of the other bases: generation, scoring and the critic handle them."""
-    from rlx_cli.run import train_command
+    from rlx_cli.loops.run import train_command
 
     quick_base = ["model=tiny", "model.sft.steps=30"]
     final = train_command([f"algo={algo}", "task=shortcut_sums_long", *quick_base, *SHORT, "value_pretrain.steps=2",

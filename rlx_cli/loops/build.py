@@ -1,0 +1,147 @@
+"""Step 3 of a run: build everything the loop needs from the validated config."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from rlx_cli.config.choices import resolve_precision
+from rlx_cli.config.compose import choice_config
+from rlx_cli.config.errors import UserError
+from rlx_cli.engine import distributed
+from rlx_cli.engine.engine import Engine
+from rlx_cli.engine.models import Models, build_models, pick_device
+from rlx_cli.engine.precision import frozen_dtype
+from rlx_cli.engine.sharding import make_optimizer
+from rlx_cli.sampling.judge import judged
+from rlx_cli.sampling.pairs import PairsTask
+from rlx_cli.sampling.rollout import HFSampler
+from rlx_cli.sampling.tasks import FileTask, SumsTask
+
+
+@dataclass
+class Component:
+    """A registered function with its hyperparameters and the engine's wiring keys."""
+
+    fn: Callable
+    hparams: dict[str, Any]
+    wiring: dict[str, Any]
+
+    def __call__(self, tensors: dict[str, Any], **engine_kwargs):
+        """Call ``fn`` with the tensors its positional parameters name; ``engine_kwargs`` only if it takes them."""
+        params = inspect.signature(self.fn).parameters.values()
+        args = [tensors[p.name] for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        accepted = {p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        return self.fn(*args, **self.hparams, **{k: v for k, v in engine_kwargs.items() if k in accepted})
+
+    def takes(self, name: str) -> bool:
+        return name in inspect.signature(self.fn).parameters
+
+
+@dataclass
+class Parts:
+    models: Models
+    task: Any
+    sampler: HFSampler  # or a VLLMSampler: generate(model, prompts, ...) -> Rollout and sync(model)
+    components: dict[str, Component]
+    policy_optimizer: torch.optim.Optimizer
+    policy_schedule: torch.optim.lr_scheduler.LRScheduler
+    critic_optimizer: torch.optim.Optimizer | None
+    engine: Engine  # micro-batched forwards, sampling and the update's mechanics (rlx_cli/engine/engine.py)
+
+
+def components_of(cfg: DictConfig) -> dict[str, Component]:
+    from components import registry
+
+    return {
+        group: Component(*registry.split(group, OmegaConf.to_container(cfg[group], resolve=True)))
+        for group in registry.WIRING_KEYS
+    }
+
+
+def build(cfg: DictConfig, progress) -> Parts:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own bars say what is happening
+    hf_logging.set_verbosity_error()
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+    task = build_task(cfg.task)
+    device = pick_device(cfg.trainer.device)
+    precision = resolve_precision(cfg.trainer.precision, device)
+    task = judged(task, cfg.task, device, frozen_dtype(precision, "auto"))  # task.verifier=judge: a model scores
+    path = Path(cfg.model.path) if cfg.model.path else built_in_base(cfg, task, progress, device)
+    components = components_of(cfg)
+    if components["advantage"].takes("step_rewards") and not getattr(task, "scores_steps", False):
+        raise UserError(
+            f"advantage={cfg.advantage.name} needs a reward per step, which task={cfg.task.name} does not give "
+            "(valid: task=sums, or task=jsonl with task.step_verifier=module:function)"
+        )
+    needs_critic = components["advantage"].takes("values")
+    torch.manual_seed(cfg.seed)
+    models = build_models(
+        path, cfg.model, needs_critic=needs_critic, critic_cfg=cfg.critic, device=device, precision=precision
+    )
+    distributed.broadcast_weights(models.policy, models.critic)  # every process starts from rank 0's weights
+    engine = Engine(models, micro_batch_tokens=cfg.trainer.micro_batch_tokens, strategy=cfg.trainer.strategy)
+    strategy = engine.strategy
+    policy_params = [p for n, p in models.policy.named_parameters() if p.requires_grad and ".critic." not in n]
+    policy_optimizer = make_optimizer(policy_params, cfg.trainer.lr, cfg.trainer, strategy)  # after sharding
+    warmup = max(1, cfg.trainer.warmup_steps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(policy_optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    critic_optimizer = None
+    if models.critic is not None:
+        critic_optimizer = make_optimizer(models.critic.trainable_parameters(), cfg.critic.lr, cfg.trainer, strategy)
+    sampler = SAMPLERS[cfg.rollout.name](cfg, models, path)
+    return Parts(models, task, sampler, components, policy_optimizer, schedule, critic_optimizer, engine)
+
+
+def built_in_base(cfg: DictConfig, task, progress, device) -> Path:
+    """The built-in base model (no ``model.path``): SFT'd on the task's own worked answers, or, for a file whose
+    rows are sums (``examples/sums_pairs.jsonl``), the default ``task=sums`` base, whose tokenizer writes them."""
+    from rlx_cli.engine.base_model import CHARS, ensure_base_model
+
+    if hasattr(task, "sft_examples"):
+        return ensure_base_model(cfg.model, cfg.task, task, progress, device)
+    foreign = sorted(set("".join(task.texts())) - set(CHARS))
+    if foreign:
+        raise UserError(
+            f"model={cfg.model.name} with no model.path writes only the characters {CHARS!r}, and "
+            f"task.path={cfg.task.path} has {''.join(foreign[:12])!r}: use model=hf model.path=DIR"
+        )
+    sums = choice_config("task", "sums")
+    return ensure_base_model(cfg.model, sums, build_task(sums), progress, device)
+
+
+def hf_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
+    rollout = cfg.rollout
+    chat_template = cfg.task.get("chat_template", False)
+    return HFSampler(models.tokenizer, top_p=rollout.top_p, chat_template=chat_template, rows=rollout.generate_rows)
+
+
+def vllm_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
+    from rlx_cli.engine.precision import frozen_dtype
+    from rlx_cli.sampling.vllm_rollout import VLLMSampler  # vllm is an extra: imported only when asked for
+
+    chat_template = cfg.task.get("chat_template", False)
+    dtype = frozen_dtype(resolve_precision(cfg.trainer.precision, models.device), cfg.model.dtype)
+    return VLLMSampler(
+        path, models.tokenizer, cfg.rollout, cfg.model, chat_template=chat_template, seed=cfg.seed, dtype=dtype
+    )
+
+
+SAMPLERS = {"hf": hf_sampler, "vllm": vllm_sampler}  # rollout.name -> the sampler's builder
+
+
+TASKS = {"sums": SumsTask, "jsonl": FileTask, "pairs": PairsTask}  # task.name -> the task's class
+
+
+def build_task(cfg: DictConfig) -> SumsTask | FileTask | PairsTask:
+    params = {k: v for k, v in cfg.items() if k not in ("name", "judge")}  # the judge: sampling/judge.py
+    return TASKS[cfg.name](**params)

@@ -1,0 +1,195 @@
+"""Step 7 of the loop: minibatch epochs of the policy and value losses, each minibatch over micro-batches.
+
+For each minibatch (with N processes, this process's slice of it: ``distributed.minibatch_rows``):
+
+1. its loss normalisers, once, on the untrimmed minibatch of every process: D = Σ ``loss_agg.denominator``, and
+   for the LM loss the count of tokens in positive rows;
+2. each micro-batch (``Engine.micro_batches``): a forward with gradients, the components on its ``[b, t]`` tensors,
+   and a backward of its loss weighted by denominator(micro) / D. The weights of all micro-batches of all processes
+   add up to 1, so the accumulated gradient is the minibatch's, exactly, for every ``loss_agg`` mode;
+3. the gradients summed over processes and clipped, then one optimizer step; an update whose loss or gradient
+   norm is NaN/inf is skipped (``guard.guarded_step``) and counted (``guard.count_update``).
+
+Metrics are the same weighted sums (``*_max`` metrics the largest value), so they are the minibatch's too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from components import advantage as adv_lib
+from components import token_filter as filters
+from components.lm_loss import positive_token_count
+from components.loss_agg import aggregate, denominator
+from rlx_cli.engine import distributed
+from rlx_cli.engine.batch import Rollout
+from rlx_cli.engine.microbatch import cut, place
+from rlx_cli.loops.build import Parts
+from rlx_cli.loops.checkpoint import TrainState
+from rlx_cli.loops.guard import count_update, guarded_step, nan_injected
+
+
+def update_step(
+    cfg,
+    parts: Parts,
+    state: TrainState,
+    step: int,
+    batch: Rollout,
+    old_logp,
+    ref_logp,
+    advantages,
+    positive,
+    old_values,
+    returns,
+    agg_mode: str,
+) -> tuple[dict[str, float], torch.Tensor | None]:
+    """``trainer.epochs`` passes of ``trainer.minibatches`` updates -> (mean train/* metrics, sampled log-probs).
+
+    ``old_logp`` None: a single update on the whole batch, whose own detached log-probs are the old ones; they
+    are returned, ``[B, T]`` with this process's rows filled (``distributed.sum_rows`` completes them), for the
+    metrics the caller takes from old log-probs (``loop.logp_metrics``). Otherwise the second value is None.
+    """
+    critic = parts.models.critic
+    totals: dict[str, float] = {}
+    count = 0
+    seen = torch.zeros_like(batch.response_mask) if old_logp is None else None
+    for _ in range(cfg.trainer.epochs):
+        for rows in distributed.minibatch_rows(batch.responses.shape[0], cfg.trainer.minibatches):
+            minibatch = batch.select(rows)
+            tensors = {
+                "old_logp": None if old_logp is None else old_logp[rows],
+                "advantages": advantages[rows],
+                "ref_logp": None if ref_logp is None else ref_logp[rows],
+                "positive": positive[rows],
+            }
+            metrics, stepped, logp = policy_update(cfg, parts, step, minibatch, tensors, agg_mode)
+            if seen is not None:
+                seen[rows] = logp
+            if critic is not None:
+                value_metrics, value_stepped = value_update(
+                    cfg, parts, minibatch, old_values[rows], returns[rows], agg_mode
+                )
+                metrics.update(value_metrics)
+                stepped = stepped and value_stepped
+            count_update(state, stepped, cfg.trainer.max_skipped)
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + v
+            count += 1
+    return {k: v / count for k, v in totals.items()}, seen
+
+
+def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dict, agg_mode: str):
+    """One optimizer step of the policy on ``minibatch`` (this process's rows) -> (metrics of the whole minibatch,
+    whether it stepped, this process's detached log-probs [b, T])."""
+    comp, engine, lm = parts.components, parts.engine, parts.components["lm_loss"]
+    mask = minibatch.response_mask
+    normaliser = distributed.total(float(denominator(mask, mode=agg_mode)))
+    positives = distributed.total(float(positive_token_count(mask, tensors["positive"])))
+    micro = engine.micro_batches(minibatch)
+    parts.policy_optimizer.zero_grad(set_to_none=True)
+    sums = Sums()
+    logps = []
+    for mb in micro:
+        logp, entropy = parts.models.scorer(mb.batch, cfg.rollout.temperature, with_entropy=True)
+        real = mb.batch.response_mask
+        t = {name: cut(x, mb) for name, x in tensors.items()}
+        t.update(logp=logp, mask=real, old_logp=logp.detach() if t["old_logp"] is None else t["old_logp"])
+        loss, metrics = micro_loss(comp, t, entropy, agg_mode)
+        weight = share(denominator(real, mode=agg_mode), normaliser, mb.padding)
+        objective = weight * loss
+        if lm.wiring["coef"] > 0:
+            lm_share = share(positive_token_count(real, t["positive"]), positives, mb.padding)
+            objective = objective + lm_share * lm.wiring["coef"] * lm(t)
+        if nan_injected(step):
+            objective = objective * math.nan
+        engine.backward(objective)
+        sums.add({"train/loss": objective.item()}, 1.0)
+        sums.add(metrics, weight)
+        logps.append(logp.detach())
+    params = [p for group in parts.policy_optimizer.param_groups for p in group["params"]]
+    grad_norm = engine.step_gradients(parts.policy_optimizer, params, cfg.trainer.grad_clip)
+    loss = torch.tensor(sums.totals["train/loss"])
+    stepped = guarded_step(parts.policy_optimizer, loss, grad_norm)
+    metrics = distributed.combine({**sums.totals, "train/grad_norm": float(grad_norm) / distributed.size()})
+    return metrics, stepped, place(logps, micro, tuple(mask.shape))
+
+
+def micro_loss(comp: dict, t: dict, entropy: torch.Tensor, agg_mode: str) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy's loss on one micro-batch, aggregated over it (``t``: its ``[b, t]`` tensors by name) -> (the
+    policy loss on the token filter's selection − entropy bonus + KL in the loss, its metrics).
+
+    The token filter (``token_filter``, from the current policy's ``entropy`` or the sampling policy's
+    ``old_logp``) picks the tokens that carry the policy gradient; its ``normalizer`` wiring key divides by the
+    selected tokens (``selected``) or by every real token (``all``, exact for every mode but
+    ``seq_mean_token_mean``, which validation refuses).
+    """
+    kl, pl, token_filter = comp["kl"], comp["policy_loss"], comp["token_filter"]
+    real = t["mask"]
+    inputs = {"entropy": entropy.detach(), "mask": real, "old_logp": t["old_logp"]}
+    selected = token_filter(inputs)  # [b, t] bool: all real tokens by default
+    pg_loss, pg_metrics = pl({**t, "mask": selected}, agg=agg_mode)
+    if token_filter.wiring["normalizer"] == "all":
+        pg_loss = pg_loss * share(denominator(selected, mode=agg_mode), float(denominator(real, mode=agg_mode)), False)
+    entropy_mean = aggregate(entropy, real, mode=agg_mode)
+    loss = pg_loss - pl.wiring.get("entropy_coef", 0.0) * entropy_mean
+    if kl.wiring["placement"] == "loss" and kl.wiring["coef"] > 0:
+        loss = loss + kl.wiring["coef"] * aggregate(kl(t), real, mode=agg_mode)
+    metrics = {"train/pg_loss": pg_loss.item(), "train/entropy": entropy_mean.item()}
+    metrics.update({f"train/{k}": float(v) for k, v in pg_metrics.items()})
+    if token_filter.fn is not filters.none:
+        metrics.update({f"train/{k}": float(v) for k, v in filters.selection_metrics(entropy, real, selected).items()})
+    return loss, metrics
+
+
+def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, agg_mode: str, mask=None):
+    """One critic step on the value loss over ``batch`` (this process's rows; its normaliser summed over
+    processes) -> (train/value_loss, train/explained_var, ... of the whole batch; whether it stepped).
+
+    ``mask`` ``[B, T]``: the tokens that carry a target (default: every response token)."""
+    vl, engine, critic = parts.components["value_loss"], parts.engine, parts.models.critic
+    mask = batch.response_mask if mask is None else mask
+    normaliser = distributed.total(float(denominator(mask, mode=agg_mode)))
+    micro = engine.micro_batches(batch)
+    parts.critic_optimizer.zero_grad(set_to_none=True)
+    sums, all_values, total_loss = Sums(), [], 0.0
+    for mb in micro:
+        real = mb.batch.response_mask if mb.padding else cut(mask, mb)  # a padding micro-batch has no real token
+        with critic.active():  # a LoRA critic's adapter stays on through backward (activation checkpointing)
+            values = critic(mb.batch)
+            tensors = {"values": values, "old_values": cut(old_values, mb), "returns": cut(returns, mb), "mask": real}
+            loss, metrics = vl(tensors, agg=agg_mode)
+            weight = share(denominator(real, mode=agg_mode), normaliser, mb.padding)
+            engine.backward(weight * vl.wiring.get("coef", 1.0) * loss)
+        total_loss += weight * loss.item()
+        sums.add({"train/value_loss": loss.item()}, weight)
+        sums.add({f"train/value_{k}": float(v) for k, v in metrics.items()}, weight)
+        all_values.append(values.detach())
+    params = critic.trainable_parameters()
+    grad_norm = engine.step_gradients(parts.critic_optimizer, params, cfg.trainer.grad_clip)
+    stepped = guarded_step(parts.critic_optimizer, torch.tensor(total_loss), grad_norm)
+    values = place(all_values, micro, tuple(mask.shape))
+    own_share = share(denominator(mask, mode=agg_mode), normaliser, False)
+    explained = float(adv_lib.explained_variance(values, returns, mask))  # this process's rows, weighted below
+    sums.add({"train/explained_var": explained}, own_share)
+    return distributed.combine(sums.totals), stepped
+
+
+def share(part, whole: float, padding: bool) -> float:
+    """``part`` / ``whole`` of a loss normaliser (0 for a padding micro-batch or an empty whole)."""
+    return 0.0 if padding or whole == 0 else float(part) / whole
+
+
+class Sums:
+    """Weighted sums of metrics over micro-batches; ``*_max`` metrics keep their largest value instead."""
+
+    def __init__(self):
+        self.totals: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, float], weight: float) -> None:
+        for k, v in metrics.items():
+            if k.endswith("_max"):
+                self.totals[k] = max(self.totals.get(k, -math.inf), v)
+            else:
+                self.totals[k] = self.totals.get(k, 0.0) + weight * v

@@ -1,0 +1,88 @@
+"""Rollouts: prompts -> sampled responses as one padded batch, with HF ``generate`` (vLLM: ``vllm_rollout``)."""
+
+from __future__ import annotations
+
+import torch
+
+from rlx_cli.engine.batch import Rollout, position_ids
+
+
+def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """[B, T] float mask: 1 on every token up to and including the first EOS, 0 after it."""
+    is_eos = (responses == eos_id).long()
+    return ((is_eos.cumsum(1) - is_eos) == 0).float()
+
+
+class HFSampler:
+    """Samples with ``model.generate``, at most ``rows`` sequences per call (``rollout.generate_rows``: the KV
+    cache grows with them); ``temperature=0`` is greedy."""
+
+    def __init__(self, tokenizer, *, top_p: float = 1.0, chat_template: bool = False, rows: int = 256):
+        self.tokenizer = tokenizer
+        self.top_p = top_p
+        self.rows = rows
+        self.chat_template = chat_template and getattr(tokenizer, "chat_template", None) is not None
+
+    def render(self, prompt: str) -> str:
+        """The text the model sees: the prompt inside the tokenizer's chat template when asked for and present."""
+        if not self.chat_template:
+            return prompt
+        messages = [{"role": "user", "content": prompt}]
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, prompts: list[str], prefixes: list[list[int]] | None = None):
+        """Rendered, tokenized, left-padded prompts: ``input_ids`` and ``attention_mask`` [B, P]; with ``prefixes``
+        each prompt's tokens followed by its prefix's token ids (the start of a response to continue)."""
+        self.tokenizer.padding_side = "left"
+        # a chat template writes its own special tokens
+        texts, special = [self.render(p) for p in prompts], not self.chat_template
+        if prefixes is None:
+            return self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=special)
+        ids = self.tokenizer(texts, add_special_tokens=special)["input_ids"]
+        joined = [list(p) + list(x) for p, x in zip(ids, prefixes)]
+        return self.tokenizer.pad({"input_ids": joined}, padding=True, return_tensors="pt")
+
+    def generate(self, model, prompts: list[str], *, temperature: float, max_new_tokens: int, prefixes=None) -> Rollout:
+        """Responses to ``prompts``, ``rows`` at a time, as one batch. ``prefixes``: for each prompt the token ids
+        of a response's beginning, which the sampled tokens continue (SPO's continuations); the Rollout's prompts
+        then end with them and its responses are the continuations."""
+        cut = lambda items, i: None if items is None else items[i : i + self.rows]  # noqa: E731
+        chunks = [
+            self.generate_chunk(model, cut(prompts, i), temperature, max_new_tokens, cut(prefixes, i))
+            for i in range(0, len(prompts), self.rows)
+        ]
+        return chunks[0] if len(chunks) == 1 else Rollout.concat(chunks, self.tokenizer.pad_token_id)
+
+    @torch.no_grad()
+    def generate_chunk(self, model, prompts: list[str], temperature: float, max_new_tokens: int, prefixes=None):
+        tok = self.tokenizer
+        enc = self.encode(prompts, prefixes).to(model.device)
+        sampling = dict(temperature=temperature, top_p=self.top_p, top_k=0) if temperature > 0 else {}
+        was_training = model.training
+        model.eval()
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=temperature > 0,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            synced_gpus=False,  # every process samples on its own (FSDP gathers the weights first: sharding.py)
+            **sampling,
+        )
+        model.train(was_training)
+        return assemble(tok, enc, out[:, enc["input_ids"].shape[1] :])
+
+    def sync(self, model) -> None:
+        """``generate`` samples from the policy itself: there is nothing to copy."""
+
+
+def assemble(tokenizer, enc, responses: torch.Tensor, sampler_logp: torch.Tensor | None = None) -> Rollout:
+    """The Rollout of left-padded prompts ``enc`` and sampled ``responses`` [B, T]: masked after the first EOS."""
+    mask = response_mask(responses, tokenizer.eos_token_id)
+    responses = torch.where(mask.bool(), responses, tokenizer.pad_token_id)
+    attention = torch.cat([enc["attention_mask"], mask.long()], dim=1)
+    texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
+    if sampler_logp is not None:
+        sampler_logp = sampler_logp * mask
+    input_ids = torch.cat([enc["input_ids"], responses], dim=1)
+    return Rollout(input_ids, attention, position_ids(attention), responses, mask, texts, sampler_logp)
