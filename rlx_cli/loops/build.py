@@ -126,7 +126,6 @@ def hf_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
 
 
 def vllm_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
-    from rlx_cli.engine.precision import frozen_dtype
     from rlx_cli.sampling.vllm_rollout import VLLMSampler  # vllm is an extra: imported only when asked for
 
     chat_template = cfg.task.get("chat_template", False)

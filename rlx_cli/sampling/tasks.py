@@ -36,10 +36,8 @@ class SumsTask:
             raise UserError(
                 f"task.min_terms={min_terms}, task.max_terms={max_terms} (valid: 2 <= min_terms <= max_terms)"
             )
-        if verifier not in (
-            "exact",
-            "judge",
-        ):  # judge: a model scores instead (judge.py wraps the task)
+        # judge: a model scores instead (sampling/judge.py wraps the task)
+        if verifier not in ("exact", "judge"):
             raise UserError(f"task.verifier={verifier} is not valid for task=sums (valid: exact, judge)")
         self.min_terms, self.max_terms = min_terms, max_terms
         self.eval_problems = [self.problem(t) for t in self._draw(random.Random(eval_seed), eval_size)]

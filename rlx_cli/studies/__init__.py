@@ -2,5 +2,5 @@
 ``rlx report`` (reading runs from MLflow, tables, statistics with Holm, fits, plots).
 
 May import: the layers below it (``loops``, ``sampling``, ``engine``, ``config``) and ``components``; never
-``cli``. Today it uses ``loops`` (``run``'s ablation check, ``track``'s store URI) and ``config``.
+``cli``. Today it uses ``loops`` (``track``'s store URI and git sha) and ``config``.
 """

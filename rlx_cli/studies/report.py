@@ -50,9 +50,14 @@ def group_arms(runs: list) -> list[Arm]:
     return labelled(list(arms.values()))
 
 
+def common_tokens(arms: list[Arm]) -> set[str]:
+    """The override tokens every arm has."""
+    return set.intersection(*(set(a.tokens) for a in arms))
+
+
 def labelled(found: list[Arm]) -> list[Arm]:
     """``found`` with each arm's label: its algorithm, ablation and the overrides that differ between these arms."""
-    common = set.intersection(*(set(a.tokens) for a in found))
+    common = common_tokens(found)
     seen: dict[str, int] = {}
     for arm in found:
         differing = [t for t in arm.tokens if t not in common and key_of(t) not in ("algo", "ablate")]
@@ -64,7 +69,7 @@ def labelled(found: list[Arm]) -> list[Arm]:
 
 
 def common_overrides(arms: list[Arm]) -> str:
-    common = set.intersection(*(set(a.tokens) for a in arms))
+    common = common_tokens(arms)
     return " ".join(t for t in arms[0].tokens if t in common)
 
 

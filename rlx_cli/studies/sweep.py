@@ -21,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from rlx_cli.config.compose import CONFIG_MODULE, choices_of, compose, explain, group_choices
+from rlx_cli.config.compose import CONFIG_MODULE, ablations, choices_of, compose, explain, group_choices
 from rlx_cli.config.errors import UserError
 from rlx_cli.loops.track import tracking_uri
 from rlx_cli.studies.launchers import Job, check_launcher, make_launcher
@@ -70,7 +70,6 @@ def expand(args: list[str]) -> list[list[str]]:
 def plan(points: list[list[str]]) -> list[Point]:
     """Compose and validate every point; all of them must log to one experiment."""
     from rlx_cli.config.validate import validate
-    from rlx_cli.loops.run import ablations
 
     planned = []
     for index, overrides in enumerate(points):
