@@ -10,6 +10,7 @@ from components import (
     preference,
     registry,
     reward_shaping,
+    rollout_correction,
     token_filter,
     value_loss,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "preference",
     "registry",
     "reward_shaping",
+    "rollout_correction",
     "token_filter",
     "value_loss",
 ]

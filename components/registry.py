@@ -29,13 +29,14 @@ WIRING_KEYS: dict[str, frozenset[str]] = {
     "loss_agg": frozenset(),
     "token_filter": frozenset({"normalizer"}),  # loss_agg over the "selected" tokens (authors) or "all" (TRL)
     "preference": frozenset({"pool_prompts"}),  # offline DPO without a pairs file: prompts sampled once for pairs
+    "rollout_correction": frozenset(),  # importance weights for a sampler other than the trainer (policy losses)
 }
 
 
 # Keyword parameters the engine fills in from another group; setting them in this group's YAML is a mistake.
 ENGINE_SUPPLIED: dict[str, dict[str, str]] = {
     "advantage": {"lam": "lam_schedule (lam_schedule.policy_lam, lam_schedule.alpha)"},
-    "policy_loss": {"agg": "loss_agg.mode"},
+    "policy_loss": {"agg": "loss_agg.mode", "weights": "rollout_correction"},
     "value_loss": {"agg": "loss_agg.mode"},
     "reward_shaping": {"max_len": "rollout.max_new_tokens"},
 }

@@ -12,6 +12,7 @@ from rlx_cli.config.errors import UserError
 from rlx_cli.config.validate import validate
 
 ALGOS = group_choices()["algo"]
+OFF_POLICY = {"gspo", "cispo", "sapo", "gmpo"}  # trained with LoRA too
 # what each overlay may change, relative to the preset it is applied to (lam_schedule.alpha disappears and
 # lam_schedule.policy_lam appears when no_adaptive_gae swaps the length-adaptive schedule for a fixed λ)
 OVERLAY_KEYS = {
@@ -27,7 +28,7 @@ OVERLAY_KEYS = {
 
 def test_the_expected_presets_and_overlays_exist():
     expected = {"ppo", "vc_ppo", "vapo", "grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo_max"}
-    assert expected | {"clip_cov", "kl_cov", "forking_tokens"} <= set(ALGOS)
+    assert expected | {"clip_cov", "kl_cov", "forking_tokens"} | OFF_POLICY <= set(ALGOS)
     assert set(group_choices()["ablate"]) == set(OVERLAY_KEYS)
 
 
@@ -93,3 +94,13 @@ def test_every_preset_trains_three_steps(workdir, algo):
     final = train_command([f"algo={algo}", *SHORT, "value_pretrain.steps=2", "tracking=none", "trainer.output_dir=out"])
     assert 0.0 <= final["eval/accuracy"] <= 1.0 and final["train/response_len"] > 0
     assert (workdir / "out" / "final").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", sorted(OFF_POLICY))
+def test_the_off_policy_presets_train_three_steps_with_lora(workdir, algo):
+    from rlx_cli.loops.run import train_command
+
+    final = train_command([f"algo={algo}", *SHORT, "model.finetune=lora", "tracking=none", "trainer.output_dir=out"])
+    assert 0.0 <= final["eval/accuracy"] <= 1.0 and final["train/response_len"] > 0
+    assert "train/approx_kl" in final and (workdir / "out" / "final").is_dir()

@@ -100,6 +100,16 @@ def ablations(choices: dict) -> list[str]:
     return [ablate] if isinstance(ablate, str) else list(ablate)
 
 
+def takes_a_value(cfg: DictConfig, key: str) -> bool:
+    """Whether ``key`` (``group.param``) is a component hyperparameter whose default is a value, not None."""
+    from components import registry
+
+    group, _, param = key.partition(".")
+    if group not in registry.WIRING_KEYS:
+        return False
+    return registry.hyperparameters(group, cfg[group].name).get(param) is not None
+
+
 def check_applies(name: str, preset: DictConfig, ablated: DictConfig) -> None:
     """An overlay must change a value that the preset's components use; else the arm is a silent copy."""
     from rlx_cli.config.wiring import unused_groups
@@ -111,9 +121,12 @@ def check_applies(name: str, preset: DictConfig, ablated: DictConfig) -> None:
         for k in before.keys() | after.keys()
         if before.get(k) != after.get(k) and not k.endswith(".name") and k.split(".")[0] not in unused
     ]
+    algo = choices_of(preset)["algo"]
     if not changed:
-        algo = choices_of(preset)["algo"]
         raise UserError(f"+ablate={name} does not apply to algo={algo}: it changes nothing this preset uses")
+    unset = [k for k in sorted(changed) if k in after and after[k] is None and takes_a_value(ablated, k)]
+    if unset:  # CISPO under no_clip_higher: its cap would come from a lower bound it does not have
+        raise UserError(f"+ablate={name} does not apply to algo={algo}: it would leave {unset[0]} unset")
 
 
 def flat(cfg: DictConfig) -> dict[str, object]:

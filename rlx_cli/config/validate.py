@@ -65,6 +65,8 @@ ENGINE_KEYS: dict[str, tuple] = {
     "trainer.strategy": (str, STRATEGIES),
     "model.activation_checkpointing": (bool, (True, False)),
     "rollout.generate_rows": (int, 1, 1_000_000),
+    "rollout.lag": (int, 0, 1_000_000),
+    "rollout.dtype": (str, ("fp32", "bf16")),
     "critic.lr": (float, 1e-12, 1.0),
     "critic.reward_fit_steps": (int, 1, 1_000_000),
     "critic.unfinished_score": (float, -INF, INF),
@@ -127,6 +129,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.trainer.lr is None:
         raise UserError(f"trainer.lr is not set and model.lr has no rate for model.finetune={cfg.model.finetune}")
     check_loop(cfg)
+    check_off_policy(cfg)
     for key in ("model.path", "critic.init", "task.judge.path"):  # critic.init may also name a way to start
         value = OmegaConf.select(cfg, key, default=None)
         starts_from_policy = key == "critic.init" and value in FROM_POLICY
@@ -162,6 +165,35 @@ def check_loop(cfg: DictConfig) -> None:
         )
     if cfg.task.get("verifier") == "judge" and not cfg.task.judge.path:
         raise UserError("task.verifier=judge needs task.judge.path (valid: a local Hugging Face causal LM directory)")
+
+
+def check_off_policy(cfg: DictConfig) -> None:
+    """The rollout correction's bounds, GMPO's per-sequence mean, and what a stale or bf16 sampler needs."""
+    correction = cfg.rollout_correction
+    if correction.name == "tis" and correction.cap <= 0:
+        raise UserError(f"rollout_correction.cap={correction.cap} is out of range (valid: above 0)")
+    if correction.name == "mis" and correction.lower >= correction.upper:
+        raise UserError(
+            f"rollout_correction.lower={correction.lower} is not below rollout_correction.upper={correction.upper} "
+            "(valid: lower < upper)"
+        )
+    if correction.name != "none" and cfg.rollout.temperature == 0:
+        raise UserError(
+            f"rollout_correction={correction.name} weighs sampled tokens by their log-probs, which greedy decoding "
+            "(rollout.temperature=0) does not give (valid: rollout.temperature > 0, or rollout_correction=none)"
+        )
+    if cfg.policy_loss.name == "geo_mean" and cfg.loss_agg.mode != "seq_mean_token_mean":
+        raise UserError(
+            f"policy_loss=geo_mean is a mean over sequences, which loss_agg.mode={cfg.loss_agg.mode} does not weight "
+            "(valid: loss_agg.mode=seq_mean_token_mean)"
+        )
+    lag, dtype = cfg.rollout.get("lag", 0), cfg.rollout.get("dtype", "fp32")
+    if (lag or dtype != "fp32") and (cfg.rollout.name == "vllm" or cfg.trainer.strategy == "fsdp"):
+        where = "rollout=vllm" if cfg.rollout.name == "vllm" else "trainer.strategy=fsdp"
+        raise UserError(
+            f"rollout.lag={lag} rollout.dtype={dtype}: a stale or bf16 copy of the policy samples, which {where} "
+            "does not support (valid: rollout=hf or rollout=fast, trainer.strategy=ddp or zero1)"
+        )
 
 
 def precision_of(cfg: DictConfig) -> str:

@@ -18,7 +18,7 @@ class Rollout:
     responses: torch.Tensor  # [B, T]
     response_mask: torch.Tensor  # [B, T] float, 1 up to and including EOS
     texts: list[str]  # decoded responses, EOS and padding stripped
-    sampler_logp: torch.Tensor | None = None  # [B, T] the sampler's own log-probs of the responses (vLLM), 0 on padding
+    sampler_logp: torch.Tensor | None = None  # [B, T] the sampler's own log-probs of the sampled tokens, 0 on padding
     # named [B, T] float tensors a rollout stage adds for the advantage (rlx_cli/sampling/credit.py: step rewards, SPO's
     # values), 0 on padding; the loop passes them to the components by name
     annotations: dict[str, torch.Tensor] = field(default_factory=dict)

@@ -15,6 +15,7 @@ from rlx_cli.config.choices import resolve_precision
 from rlx_cli.config.compose import choice_config
 from rlx_cli.config.errors import UserError
 from rlx_cli.engine import distributed
+from rlx_cli.engine.behaviour import Behaviour, behaviour_of
 from rlx_cli.engine.engine import Engine
 from rlx_cli.engine.models import Models, build_models, pick_device
 from rlx_cli.engine.precision import frozen_dtype
@@ -54,6 +55,7 @@ class Parts:
     policy_schedule: torch.optim.lr_scheduler.LRScheduler
     critic_optimizer: torch.optim.Optimizer | None
     engine: Engine  # micro-batched forwards, sampling and the update's mechanics (rlx_cli/engine/engine.py)
+    behaviour: Behaviour | None = None  # a stale or bf16 copy that samples (rollout.lag, .dtype); None: the policy
 
 
 def components_of(cfg: DictConfig) -> dict[str, Component]:
@@ -99,7 +101,8 @@ def build(cfg: DictConfig, progress) -> Parts:
     if models.critic is not None:
         critic_optimizer = make_optimizer(models.critic.trainable_parameters(), cfg.critic.lr, cfg.trainer, strategy)
     sampler = SAMPLERS[cfg.rollout.name](cfg, models, path)
-    return Parts(models, task, sampler, components, policy_optimizer, schedule, critic_optimizer, engine)
+    behaviour = behaviour_of(models.policy, cfg.rollout)
+    return Parts(models, task, sampler, components, policy_optimizer, schedule, critic_optimizer, engine, behaviour)
 
 
 def built_in_base(cfg: DictConfig, task, progress, device) -> Path:

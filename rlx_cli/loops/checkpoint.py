@@ -4,6 +4,7 @@
 
 - ``policy.safetensors``: the policy's trainable parameters (all weights, or the LoRA adapters);
 - ``critic.safetensors``: the critic's own parameters (with LoRA only the value head; its adapter is the policy's);
+- ``behaviour.safetensors``: with ``rollout.lag`` / ``rollout.dtype``, the policy versions the sampling copy keeps;
 - ``state.safetensors`` + ``state.json``: the optimizer and LR-schedule states, the reward-shaping statistics,
   the RNG state, the step, the latest metrics and the MLflow run id; tensors in safetensors, the rest JSON.
 
@@ -27,6 +28,7 @@ from omegaconf import DictConfig
 
 from rlx_cli.config.errors import UserError
 from rlx_cli.engine import distributed
+from rlx_cli.engine.behaviour import trainable
 from rlx_cli.engine.sharding import full_optimizer_state, full_tensors, load_optimizer_state, load_tensors
 
 if TYPE_CHECKING:
@@ -73,6 +75,8 @@ def save(output_dir: str | Path, parts: Parts, state: TrainState, keep: int) -> 
     save_file(policy_weights, str(tmp / "policy.safetensors"))
     if critic_weights is not None:
         save_file(critic_weights, str(tmp / "critic.safetensors"))
+    if parts.behaviour is not None:
+        save_file({k: v.contiguous() for k, v in parts.behaviour.state().items()}, str(tmp / "behaviour.safetensors"))
     full_state = {
         **dataclasses.asdict(state),
         **optimizers,
@@ -140,6 +144,9 @@ def load(path: Path, parts: Parts) -> TrainState:
         if models.critic is not None:
             reading = path / "critic.safetensors"
             restore(models.critic.state_dict(keep_vars=True), load_file(reading), "critic")
+        if parts.behaviour is not None:
+            reading = path / "behaviour.safetensors"
+            parts.behaviour.load_state(load_file(reading))
         reading = path / "state.json"
         skeleton = json.loads(reading.read_text())
         reading = path / "state.safetensors"
@@ -160,10 +167,6 @@ def load(path: Path, parts: Parts) -> TrainState:
             f"checkpoint {reading} does not fit this run ({reason[:200]}); resume with the overrides that wrote "
             f"it, or delete {path}"
         ) from error
-
-
-def trainable(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
 def restore(params: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], what: str) -> None:

@@ -52,7 +52,8 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             started = time.perf_counter()
             # 1–2. sample prompts_per_step prompts x group_size responses and score them
             #      (N processes: each its share of the prompts, gathered into the whole batch; `own` its rows)
-            sampled = sample_groups(cfg, parts, step)
+            behaviour = parts.behaviour.refresh(policy) if parts.behaviour else policy  # rollout.lag, rollout.dtype
+            sampled = sample_groups(cfg, parts, step, behaviour)
             batch, scores, group_index, sampling, own = distributed.gather_samples(
                 *sampled, models.tokenizer.pad_token_id
             )
@@ -193,14 +194,18 @@ def gpu_memory(device: torch.device) -> dict[str, float]:
 
 
 def logp_metrics(old_logp, ref_logp, sampler_logp, mask) -> dict[str, float]:
-    """``train/kl`` (k3 estimate to the reference; none on a step without ``ref_logp``) and, when the sampler is
-    an engine of its own (vLLM), ``rollout/logp_gap``: mean |sampler log-prob − trainer log-prob| over response
-    tokens. Tensors ``[B, T]``."""
+    """``train/kl`` (k3 estimate to the reference; none on a step without ``ref_logp``) and, when the sampler gave
+    its own log-probs (sampled answers), how far it is from the trainer: ``train/rollout_kl`` (mean k3 estimate of
+    KL(sampler ‖ trainer) on the sampled tokens), ``train/rollout_logp_diff_max`` and ``rollout/logp_gap`` (the
+    largest and the mean |sampler log-prob − trainer log-prob|). Tensors ``[B, T]``, over ``mask``'s tokens."""
     metrics = {}
     if ref_logp is not None:
         metrics["train/kl"] = float(masked_mean(kl_estimate(old_logp, ref_logp, kind="k3"), mask))
     if sampler_logp is not None:
-        metrics["rollout/logp_gap"] = float(masked_mean((old_logp - sampler_logp).abs(), mask))
+        gap = torch.where(mask.bool(), (old_logp - sampler_logp).abs(), 0.0)
+        metrics["train/rollout_kl"] = float(masked_mean(kl_estimate(sampler_logp, old_logp, kind="k3"), mask))
+        metrics["train/rollout_logp_diff_max"] = float(gap.max()) if gap.numel() else 0.0
+        metrics["rollout/logp_gap"] = float(masked_mean(gap, mask))
     return metrics
 
 
@@ -217,8 +222,10 @@ def reuses_update_logp(cfg, kl) -> bool:
     return cfg.trainer.epochs == 1 and cfg.trainer.minibatches == 1 and not kl_in_reward(kl)
 
 
-def sample_groups(cfg, parts: Parts, step: int):
+def sample_groups(cfg, parts: Parts, step: int, model=None):
     """Sample and score ``prompts_per_step`` groups of ``group_size`` -> (batch, scores [B], group_index [B], metrics).
+
+    ``model`` samples (the behaviour policy: ``engine/behaviour.py``); None: the policy.
 
     With N processes, this process's block of the step's prompts (``distributed.gather_samples`` joins them).
 
@@ -233,7 +240,7 @@ def sample_groups(cfg, parts: Parts, step: int):
     while groups < wanted and draws < (rollout.max_draws if rollout.dynamic_sampling else 1):
         problems = task.train_problems(rollout.prompts_per_step, seed=cfg.seed, step=step, draw=draws)
         problems = [p for p in distributed.shard(problems) for _ in range(size)]
-        batch = answers(cfg, parts, problems, rollout.temperature)
+        batch = answers(cfg, parts, problems, rollout.temperature, model)
         started = time.perf_counter()
         scores = torch.tensor(task.score_batch(batch.texts, problems))
         scoring += time.perf_counter() - started  # the verifier's time; a judge model's forwards (task.verifier=judge)
@@ -270,11 +277,12 @@ def sample_groups(cfg, parts: Parts, step: int):
     )
 
 
-def answers(cfg, parts: Parts, problems: list, temperature: float) -> Rollout:
-    """The policy's answers to ``problems`` (one each, ``rollout.max_new_tokens`` at most; greedy at temperature 0)."""
+def answers(cfg, parts: Parts, problems: list, temperature: float, model=None) -> Rollout:
+    """The answers of ``model`` (None: the policy) to ``problems`` (one each, ``rollout.max_new_tokens`` at most;
+    greedy at temperature 0)."""
     with parts.engine.sampling():
         return parts.sampler.generate(
-            parts.models.policy,
+            parts.models.policy if model is None else model,
             [p.prompt for p in problems],
             temperature=temperature,
             max_new_tokens=cfg.rollout.max_new_tokens,

@@ -96,6 +96,7 @@ def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dic
         real = mb.batch.response_mask
         t = {name: cut(x, mb) for name, x in tensors.items()}
         t.update(logp=logp, mask=real, old_logp=logp.detach() if t["old_logp"] is None else t["old_logp"])
+        t["rollout_logp"] = mb.batch.sampler_logp
         loss, metrics = micro_loss(comp, t, entropy, agg_mode)
         weight = share(denominator(real, mode=agg_mode), normaliser, mb.padding)
         objective = weight * loss
@@ -120,6 +121,9 @@ def micro_loss(comp: dict, t: dict, entropy: torch.Tensor, agg_mode: str) -> tup
     """The policy's loss on one micro-batch, aggregated over it (``t``: its ``[b, t]`` tensors by name) -> (the
     policy loss on the token filter's selection − entropy bonus + KL in the loss, its metrics).
 
+    The rollout correction's weights (``rollout_correction``: π_old / π_sampler from ``old_logp`` and the sampler's
+    own ``rollout_logp``) multiply the policy loss's per-token term; its metrics are ``train/rollout_is_*``.
+
     The token filter (``token_filter``, from the current policy's ``entropy`` or the sampling policy's
     ``old_logp``) picks the tokens that carry the policy gradient; its ``normalizer`` wiring key divides by the
     selected tokens (``selected``) or by every real token (``all``, exact for every mode but
@@ -129,7 +133,9 @@ def micro_loss(comp: dict, t: dict, entropy: torch.Tensor, agg_mode: str) -> tup
     real = t["mask"]
     inputs = {"entropy": entropy.detach(), "mask": real, "old_logp": t["old_logp"]}
     selected = token_filter(inputs)  # [b, t] bool: all real tokens by default
-    pg_loss, pg_metrics = pl({**t, "mask": selected}, agg=agg_mode)
+    correction = {"logp": t["old_logp"], "rollout_logp": t.get("rollout_logp"), "mask": real}
+    weights, is_metrics = comp["rollout_correction"](correction)  # None: no correction
+    pg_loss, pg_metrics = pl({**t, "mask": selected}, agg=agg_mode, weights=weights)
     if token_filter.wiring["normalizer"] == "all":
         pg_loss = pg_loss * share(denominator(selected, mode=agg_mode), float(denominator(real, mode=agg_mode)), False)
     entropy_mean = aggregate(entropy, real, mode=agg_mode)
@@ -138,6 +144,7 @@ def micro_loss(comp: dict, t: dict, entropy: torch.Tensor, agg_mode: str) -> tup
         loss = loss + kl.wiring["coef"] * aggregate(kl(t), real, mode=agg_mode)
     metrics = {"train/pg_loss": pg_loss.item(), "train/entropy": entropy_mean.item()}
     metrics.update({f"train/{k}": float(v) for k, v in pg_metrics.items()})
+    metrics.update({f"train/rollout_is_{k}": float(v) for k, v in is_metrics.items()})
     if token_filter.fn is not filters.none:
         metrics.update({f"train/{k}": float(v) for k, v in filters.selection_metrics(entropy, real, selected).items()})
     return loss, metrics

@@ -55,25 +55,57 @@ class HFSampler:
 
     @torch.no_grad()
     def generate_chunk(self, model, prompts: list[str], temperature: float, max_new_tokens: int, prefixes=None):
+        """One ``generate`` call; sampled (temperature > 0) answers carry the log-prob of each token under the
+        distribution it was drawn from (``Rollout.sampler_logp``), greedy ones none."""
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+
         tok = self.tokenizer
         enc = self.encode(prompts, prefixes).to(model.device)
-        sampling = dict(temperature=temperature, top_p=self.top_p, top_k=0) if temperature > 0 else {}
+        recorder, sampling = None, {}
+        if temperature > 0:  # the warpers generate would add, then the recorder, which sees their result
+            recorder = SampledLogp()
+            nucleus = [TopPLogitsWarper(self.top_p)] if self.top_p < 1 else []
+            processors = LogitsProcessorList([TemperatureLogitsWarper(temperature), *nucleus, recorder])
+            sampling = dict(temperature=1.0, top_p=1.0, top_k=0, logits_processor=processors)  # none of its own
         was_training = model.training
         model.eval()
         out = model.generate(
             **enc,
             max_new_tokens=max_new_tokens,
             do_sample=temperature > 0,
+            **sampling,
             pad_token_id=tok.pad_token_id,
             eos_token_id=tok.eos_token_id,
             synced_gpus=False,  # every process samples on its own (FSDP gathers the weights first: sharding.py)
-            **sampling,
         )
         model.train(was_training)
-        return assemble(tok, enc, out[:, enc["input_ids"].shape[1] :])
+        responses = out[:, enc["input_ids"].shape[1] :]
+        return assemble(tok, enc, responses, None if recorder is None else recorder.result(responses))
 
     def sync(self, model) -> None:
         """``generate`` samples from the policy itself: there is nothing to copy."""
+
+
+class SampledLogp:
+    """A logits processor that records log p of each sampled token under the scores it is handed last in
+    ``generate``'s list (after temperature and top-p): at each step the previous step's token is known."""
+
+    def __init__(self):
+        self.logps: list[torch.Tensor] = []  # [B] per step
+        self.last: torch.Tensor | None = None  # [B, V] log-softmax of the latest scores
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.last is not None:
+            self.logps.append(self.last.gather(1, input_ids[:, -1:]).squeeze(1))
+        self.last = torch.log_softmax(scores.float(), dim=-1)
+        return scores
+
+    def result(self, responses: torch.Tensor) -> torch.Tensor:
+        """[B, T] float32 log-probs of ``responses`` [B, T] (the tokens generate returned)."""
+        steps = self.logps + ([] if self.last is None else [self.last.gather(1, responses[:, -1:]).squeeze(1)])
+        if not steps:
+            return torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+        return torch.stack(steps[: responses.shape[1]], dim=1)
 
 
 def assemble(tokenizer, enc, responses: torch.Tensor, sampler_logp: torch.Tensor | None = None) -> Rollout:
@@ -82,7 +114,7 @@ def assemble(tokenizer, enc, responses: torch.Tensor, sampler_logp: torch.Tensor
     responses = torch.where(mask.bool(), responses, tokenizer.pad_token_id)
     attention = torch.cat([enc["attention_mask"], mask.long()], dim=1)
     texts = tokenizer.batch_decode(responses, skip_special_tokens=True)
-    if sampler_logp is not None:
-        sampler_logp = sampler_logp * mask
+    if sampler_logp is not None:  # after an EOS a top-p sampler's log-probs may be -inf: 0 there
+        sampler_logp = torch.where(mask.bool(), sampler_logp.float(), 0.0)
     input_ids = torch.cat([enc["input_ids"], responses], dim=1)
     return Rollout(input_ids, attention, position_ids(attention), responses, mask, texts, sampler_logp)

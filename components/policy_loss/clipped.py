@@ -1,9 +1,6 @@
-"""Policy-gradient surrogate losses over per-token log-probabilities.
-
-Each loss returns ``(loss, metrics)``: a 0-d tensor to minimise and a dict of detached 0-d tensors.
-``clip_cov`` and ``kl_cov`` (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
-Language Models", arXiv 2505.22617) restrain the tokens whose centred covariance drives entropy down.
-"""
+"""PPO's clipped surrogate and the two losses built on it that restrain the tokens whose centred covariance drives
+entropy down, ``clip_cov`` and ``kl_cov`` (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for
+Reasoning Language Models", arXiv 2505.22617); and ``none``."""
 
 from __future__ import annotations
 
@@ -14,6 +11,7 @@ from torch import Tensor
 
 from components.loss_agg import MODES, aggregate
 from components.masked import as_bool, masked_count, masked_mean, masked_sum, masked_top_k, share_count
+from components.policy_loss.ratios import corrected, fraction, ratio_metrics
 from components.registry import register
 
 
@@ -33,6 +31,7 @@ def ppo_clip(
     eps_high: float = 0.2,
     clip_ratio_c: float = 3.0,
     agg: str = "token_mean",
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate (arXiv 1707.06347) with clip-higher and dual clip -> (loss, metrics).
 
@@ -40,8 +39,8 @@ def ppo_clip(
     −20, 20)) (verl's clamp, against overflow); per token L = max(−A·ratio, −A·clip(ratio, 1 − eps_low,
     1 + eps_high)); decoupled ``eps_high`` is DAPO's clip-higher (arXiv 2503.14476). For A < 0, L is also
     capped at −A·clip_ratio_c: the dual clip of Ye et al. (arXiv 1912.09729), for negative advantages
-    only as in verl ``compute_policy_loss``. Aggregated by ``loss_agg.aggregate(mode=agg)``; no gradient
-    reaches ``old_logp`` or ``advantages``.
+    only as in verl ``compute_policy_loss``. ``weights`` ``[B, T]`` (``rollout_correction``, detached) multiply
+    each token's L; then ``loss_agg.aggregate(mode=agg)``. No gradient reaches ``old_logp`` or ``advantages``.
 
     Metrics (fractions of real tokens): ``clip_frac_high`` (A > 0, ratio > 1 + eps_high),
     ``clip_frac_low`` (A < 0, ratio < 1 − eps_low), ``dual_clip_frac`` (A < 0, ratio > clip_ratio_c),
@@ -54,13 +53,13 @@ def ppo_clip(
     per_token = torch.maximum(-advantages * ratio, -advantages * clipped_ratio)
     negative = advantages < 0
     per_token = torch.where(negative, torch.minimum(per_token, -advantages * clip_ratio_c), per_token)
-    loss = aggregate(per_token, mask, mode=agg)
+    loss = aggregate(corrected(per_token, weights), mask, mode=agg)
 
     with torch.no_grad():
         real = as_bool(mask)
         metrics = {
-            **_ratio_metrics(advantages, log_ratio, ratio, real, eps_low, eps_high),
-            "dual_clip_frac": _fraction(negative & (ratio > clip_ratio_c), real),
+            **ratio_metrics(advantages, log_ratio, ratio, real, eps_low, eps_high),
+            "dual_clip_frac": fraction(negative & (ratio > clip_ratio_c), real),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
 
@@ -89,6 +88,7 @@ def clip_cov(
     clip_cov_lb: float = 1.0,
     clip_cov_ub: float = 5.0,
     agg: str = "token_mean",
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clip-Cov (Cui et al. 2025, arXiv 2505.22617; verl ``compute_policy_loss_clip_cov``) -> (loss, metrics).
 
@@ -98,7 +98,8 @@ def clip_cov(
     Candidates: real tokens with clip_cov_lb < Cov_i < clip_cov_ub (strict) that PPO's clip has not already
     clipped (−A·clip(r) > −A·r). A uniformly random subset of min(max(⌊clip_cov_ratio·N⌋, 1), #candidates) of
     them gets L_i · 0 (no gradient) but stays in the ``loss_agg`` denominator. The paper's scripts set
-    eps_low = eps_high = 1 (``conf/algo/clip_cov.yaml``).
+    eps_low = eps_high = 1 (``conf/algo/clip_cov.yaml``). ``weights`` ``[B, T]`` (``rollout_correction``) multiply
+    each L_i before aggregation.
 
     Statistics cover exactly the tensors passed in: Ā, ℓ̄, N and the pick pool every real token of the ``[B, T]``
     batch (across rows and prompts), so they depend on how the engine splits a step into calls. rlx calls it once
@@ -126,14 +127,14 @@ def clip_cov(
         count = max(share_count(int(masked_count(real)), clip_cov_ratio), 1)
         picked = random_subset(candidates, count)
     per_token = torch.where(picked, torch.zeros((), dtype=per_token.dtype, device=per_token.device), per_token)
-    loss = aggregate(per_token, mask, mode=agg)
+    loss = aggregate(corrected(per_token, weights), mask, mode=agg)
 
     with torch.no_grad():
         metrics = {
-            "cov_frac": _fraction(picked, real),
-            "cov_candidate_frac": _fraction(candidates, real),
+            "cov_frac": fraction(picked, real),
+            "cov_candidate_frac": fraction(candidates, real),
             "cov_mean": masked_mean(cov, real),
-            **_ratio_metrics(advantages, log_ratio, ratio, real, eps_low, eps_high),
+            **ratio_metrics(advantages, log_ratio, ratio, real, eps_low, eps_high),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
 
@@ -153,6 +154,7 @@ def kl_cov(
     kl_cov_ratio: float = 2e-3,
     kl_coef: float = 1.0,
     agg: str = "token_mean",
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """KL-Cov (Cui et al. 2025, arXiv 2505.22617; verl ``compute_policy_loss_kl_cov``) -> (loss, metrics).
 
@@ -161,7 +163,8 @@ def kl_cov(
     tokens by Cov_i = (A_i − Ā)(ℓ_i − ℓ̄) (largest first; ℓ = ``logp`` detached, Ā and ℓ̄ plain means over the N
     real tokens) get L_i = −A_i·r_i + kl_coef·|logp_i − old_logp_i|, the absolute log-ratio (unclamped).
     On-policy (logp = old_logp) the penalty and its gradient are 0. Defaults: the paper's 7B scripts
-    (k = 0.2 %, β = 1; verl's config default β = 0.1 differs). Aggregated by ``loss_agg.aggregate(mode=agg)``.
+    (k = 0.2 %, β = 1; verl's config default β = 0.1 differs). ``weights`` ``[B, T]`` (``rollout_correction``)
+    multiply each L_i; then ``loss_agg.aggregate(mode=agg)``.
 
     Statistics cover exactly the tensors passed in: Ā, ℓ̄, N and the top-k pool every real token of the
     ``[B, T]`` batch (across rows and prompts); rlx calls it once per micro-batch (this process's rows of a
@@ -184,14 +187,14 @@ def kl_cov(
         picked = masked_top_k(cov, real, count)
     penalty = torch.where(picked, kl_coef * difference.abs(), torch.zeros((), dtype=ratio.dtype, device=ratio.device))
     per_token = -advantages * ratio + penalty
-    loss = aggregate(per_token, mask, mode=agg)
+    loss = aggregate(corrected(per_token, weights), mask, mode=agg)
 
     with torch.no_grad():
         metrics = {
-            "cov_frac": _fraction(picked, real),
+            "cov_frac": fraction(picked, real),
             "cov_mean": masked_mean(cov, real),
             "abs_kl": masked_mean(difference.abs(), real),
-            **_ratio_metrics(advantages, log_ratio, ratio, real),
+            **ratio_metrics(advantages, log_ratio, ratio, real),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
 
@@ -228,19 +231,3 @@ def random_subset(candidates: Tensor, count: int) -> Tensor:
         order = torch.randperm(len(positions), generator=torch.default_generator, device="cpu")
         picked[positions[order[:count].to(positions.device)]] = True
     return picked.view(candidates.shape)
-
-
-def _ratio_metrics(advantages, log_ratio, ratio, real, eps_low=None, eps_high=None) -> dict[str, Tensor]:
-    """``ppo_clip``'s ratio metrics (and its clip fractions when there is a clip range) over the real tokens."""
-    metrics = {}
-    if eps_low is not None:
-        metrics["clip_frac_high"] = _fraction((advantages > 0) & (ratio > 1.0 + eps_high), real)
-        metrics["clip_frac_low"] = _fraction((advantages < 0) & (ratio < 1.0 - eps_low), real)
-    metrics["approx_kl"] = masked_mean(-log_ratio, real)
-    metrics["ratio_mean"] = masked_mean(ratio, real)
-    metrics["ratio_max"] = torch.where(real, ratio, 0.0).amax() if real.any() else ratio.new_zeros(())
-    return metrics
-
-
-def _fraction(hit: Tensor, real: Tensor) -> Tensor:
-    return masked_mean(hit.float(), real)
