@@ -192,7 +192,7 @@ def check_off_policy(cfg: DictConfig) -> None:
         where = "rollout=vllm" if cfg.rollout.name == "vllm" else "trainer.strategy=fsdp"
         raise UserError(
             f"rollout.lag={lag} rollout.dtype={dtype}: a stale or bf16 copy of the policy samples, which {where} "
-            "does not support (valid: rollout=hf or rollout=fast, trainer.strategy=ddp or zero1)"
+            "does not support (valid: rollout=hf with trainer.strategy=ddp or zero1)"
         )
 
 
