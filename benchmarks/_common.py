@@ -17,13 +17,14 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 
 
-def one_thread() -> None:
-    """Both tools get one thread: the machine is shared, and the comparison must not hinge on who grabs more cores."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["MKL_NUM_THREADS"] = "1"
+def one_thread(threads: int = 1) -> None:
+    """Both tools get one thread (or ``threads`` each): the machine is shared, and the comparison must not hinge on
+    who grabs more cores."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["MKL_NUM_THREADS"] = str(threads)
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
 
 
 def load() -> dict[str, float]:

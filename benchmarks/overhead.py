@@ -5,10 +5,11 @@
     python benchmarks/overhead.py -- algo=vapo model.finetune=lora   # any rlx train overrides after --
 
 ``rlx train`` runs in this process with its default tracking (MLflow, a throwaway sqlite store) and one
-thread. Model compute is the time inside HF ``generate``, every policy/reference/critic forward
-(``Scorer.forward``, the critic), ``backward``, gradient clipping and the optimizers' ``step``; everything
-else in a step (from one step's start to the next one's, logging included) is overhead. Medians over the
-steps after ``--warmup``. Start-up (imports, compose, build, the first evaluation) is reported apart.
+thread. Model compute is the time inside HF ``generate`` (or rollout=fast's decode loop), every
+policy/reference/critic forward (``Scorer.forward``, the critic), ``backward``, gradient clipping and the
+optimizers' ``step``; everything else in a step (from one step's start to the next one's, logging included) is
+overhead. Medians over the steps after ``--warmup``. Start-up (imports, compose, build, the first evaluation) is
+reported apart.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ def instrument(timers: Timers) -> None:
 
     from rlx_cli.engine import logprobs, models
     from rlx_cli.loops import loop, track
+    from rlx_cli.sampling import fast_rollout
 
     GenerationMixin.generate = timers.wrap(GenerationMixin.generate, "generate")
+    fast_rollout.decode = timers.wrap(fast_rollout.decode, "generate")  # rollout=fast's loop, in place of generate
     for cls in (logprobs.Scorer, models.Critic):  # a LoRA critic's body runs through the policy's Scorer
         cls.forward = timers.wrap(cls.forward, "forward")
     torch.Tensor.backward = timers.wrap(torch.Tensor.backward, "backward")
@@ -49,10 +52,10 @@ def instrument(timers: Timers) -> None:
         cls.log_metrics = timers.wrap(cls.log_metrics, "tracking")
     sample_groups = loop.sample_groups
 
-    def starting(cfg, parts, step):
+    def starting(cfg, parts, step, *rest):
         if step > 0:
             timers.start_step()
-        return sample_groups(cfg, parts, step)
+        return sample_groups(cfg, parts, step, *rest)
 
     loop.sample_groups = starting
 

@@ -2,6 +2,7 @@
 
     python benchmarks/vs_trl.py                       # tiny + medium, LoRA + full, 2 interleaved rounds
     python benchmarks/vs_trl.py --sizes tiny --finetunes lora --steps 8 --warmup 2 --rounds 1   # a smoke run
+    python benchmarks/vs_trl.py --sizes tiny --finetunes full --stops natural --rollout fast --threads 2
 
 The identical work, per step: 16 sums prompts x 8 samples, exactly ``--new-tokens`` new tokens (EOS is
 suppressed until then: ``min_new_tokens`` in the model directory's generation_config.json, which rlx's HF
@@ -10,10 +11,15 @@ and tokenizer; the sums verifier as the reward; no KL (TRL ``beta=0``; rlx ``alg
 reference forward runs only every ``kl.measure_every`` steps, for the ``train/kl`` metric); one AdamW step
 (lr, betas 0.9/0.98, no weight decay, grad clip 1) on all 128 completions (rlx
 ``trainer.minibatches=1``; TRL ``per_device_train_batch_size=128``, one iteration); float32, no gradient
-checkpointing, one thread each. A step is the wall time from one step's start to the next one's (logging
+checkpointing, one thread each (``--threads``). A step is the wall time from one step's start to the next one's (logging
 included), medians over ``--steps`` steps after ``--warmup``; each round runs rlx and TRL back to back, the
 order alternating between rounds. Breakdown: ``generate`` (the model's generate call), ``logp`` (forwards
 without gradient: old/reference log-probs), ``rest`` (the update: forward, backward, optimizer, and bookkeeping).
+
+``--stops natural``: answers end at EOS, as in training (no ``min_new_tokens``; ``--new-tokens`` is then the
+budget, by default the task's ``rollout.max_new_tokens``). ``--rollout fast``: rlx samples with its own decode loop
+(``rollout=fast``; its ``generate`` phase is that loop), which reads no ``generation_config.json`` and so needs
+``--stops natural``. ``--task long_sums``: that task's prompts (3–8 terms), and ``--sizes small`` its built-in base.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Timers, load, median, one_thread, peak_rss_mib, run_worker, table, versions, write_json  # noqa: E402
 
-SIZES = {  # LlamaConfig fields besides the tokenizer's; None = the built-in tiny base model (SFT'd, cached)
+SIZES = {  # LlamaConfig fields besides the tokenizer's; None = the built-in base model of that name (SFT'd, cached)
     "tiny": None,
+    "small": None,  # task=long_sums's base
     "medium": dict(
         hidden_size=256,
         intermediate_size=1024,
@@ -48,22 +55,22 @@ SIZES = {  # LlamaConfig fields besides the tokenizer's; None = the built-in tin
         head_dim=64,
     ),
 }
-NEW_TOKENS = {"tiny": 8, "medium": 64, "large": 64}
+NEW_TOKENS = {"tiny": 8, "small": 8, "medium": 64, "large": 64}  # --stops forced
 LR = {"full": 1e-5, "lora": 3e-4}  # rlx model=tiny's rates
 
 
-def make_model_dir(size: str, new_tokens: int, root: Path) -> Path:
-    """A saved model + tokenizer whose generation config forces exactly ``new_tokens`` new tokens."""
+def make_model_dir(size: str, new_tokens: int, root: Path, task: str, forced: bool) -> Path:
+    """A saved model + tokenizer; ``forced``: its generation config forces exactly ``new_tokens`` new tokens."""
     import torch
     from transformers import GenerationConfig, LlamaForCausalLM
 
     from rlx_cli.engine.base_model import char_llama_config, char_tokenizer
 
-    target = root / f"{size}-{new_tokens}"
+    target = root / f"{size}-{task}-{new_tokens}-{'forced' if forced else 'natural'}"
     if (target / "config.json").exists():
         return target
     if SIZES[size] is None:
-        shutil.copytree(tiny_base_dir(), target)
+        shutil.copytree(base_dir(size, task), target)
         model = LlamaForCausalLM.from_pretrained(target)
     else:
         tok = char_tokenizer()
@@ -71,21 +78,30 @@ def make_model_dir(size: str, new_tokens: int, root: Path) -> Path:
         model = LlamaForCausalLM(char_llama_config(SIZES[size]))  # random weights: only the cost is measured
         model.save_pretrained(target, safe_serialization=True)
         tok.save_pretrained(target)
+    if not forced:
+        return target
     gen = GenerationConfig.from_model_config(model.config)
     gen.min_new_tokens = new_tokens
     gen.save_pretrained(target)
     return target
 
 
-def tiny_base_dir() -> Path:
-    """The built-in base model, built once (about 2 min) and cached in $RLX_HOME."""
+def base_dir(size: str, task: str) -> Path:
+    """The built-in base model ``model=size`` for ``task``, built once (minutes) and cached in $RLX_HOME."""
     from rlx_cli.config.compose import compose
     from rlx_cli.engine.base_model import ensure_base_model
     from rlx_cli.loops.build import build_task
     from rlx_cli.loops.progress import Progress
 
-    cfg = compose([])
+    cfg = compose([f"task={task}", f"model={size}"])
     return ensure_base_model(cfg.model, cfg.task, build_task(cfg.task), Progress())
+
+
+def task_config(task: str):
+    """``task=...``'s composed config: its term range and response budget."""
+    from rlx_cli.config.compose import compose
+
+    return compose([f"task={task}"])
 
 
 def rlx_worker(args) -> dict:
@@ -94,14 +110,18 @@ def rlx_worker(args) -> dict:
 
     from rlx_cli.engine import logprobs
     from rlx_cli.loops import loop, run
+    from rlx_cli.sampling import fast_rollout
 
     timers = Timers()
     loop.sample_groups = _starting(timers, loop.sample_groups)
     logprobs.Scorer.forward = timers.wrap(logprobs.Scorer.forward, "logp", when=lambda: not torch.is_grad_enabled())
     _patch_generate(timers)
+    fast_rollout.decode = timers.wrap(fast_rollout.decode, "generate")  # rollout=fast's loop, in place of generate
     out_dir = tempfile.mkdtemp(prefix="rlx-bench-")
     overrides = [
         "algo=grpo",
+        f"task={args.task}",
+        f"rollout={args.rollout}",
         f"model.path={args.model_dir}",
         f"model.finetune={args.finetune}",
         f"trainer.lr={LR[args.finetune]}",
@@ -109,7 +129,7 @@ def rlx_worker(args) -> dict:
         "trainer.eval_every=0",
         "trainer.ckpt_every=0",
         "trainer.minibatches=1",
-        "trainer.threads=1",
+        f"trainer.threads={args.threads}",
         f"rollout.max_new_tokens={args.new_tokens}",
         f"trainer.output_dir={out_dir}",
         f"tracking={args.rlx_tracking}",
@@ -120,10 +140,10 @@ def rlx_worker(args) -> dict:
 
 
 def _starting(timers: Timers, fn):
-    def wrapped(cfg, parts, step):
+    def wrapped(cfg, parts, step, *rest):
         if step > 0:  # value pretraining samples with negative steps
             timers.start_step()
-        return fn(cfg, parts, step)
+        return fn(cfg, parts, step, *rest)
 
     return wrapped
 
@@ -149,7 +169,8 @@ def trl_worker(args) -> dict:
         GRPOTrainer._get_per_token_logps_and_entropies, "logp", when=lambda: not torch.is_grad_enabled()
     )
     steps = args.warmup + args.steps + 1
-    task = SumsTask(min_terms=2, max_terms=6, eval_size=1, eval_seed=0)
+    terms = task_config(args.task).task
+    task = SumsTask(min_terms=terms.min_terms, max_terms=terms.max_terms, eval_size=1, eval_seed=0)
     problems = [p for step in range(1, steps + 1) for p in task.train_problems(16, seed=0, step=step)]
     dataset = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in problems])
 
@@ -176,7 +197,7 @@ def trl_worker(args) -> dict:
         per_device_train_batch_size=128,  # completions, not prompts: 16 prompts x 8
         num_generations=8,
         max_completion_length=args.new_tokens,
-        generation_kwargs={"min_new_tokens": args.new_tokens},
+        generation_kwargs={"min_new_tokens": args.new_tokens} if args.stops == "forced" else {},
         temperature=1.0,
         top_p=1.0,
         top_k=0,
@@ -221,7 +242,7 @@ def trl_worker(args) -> dict:
 
 
 def worker_main(args) -> None:
-    one_thread()
+    one_thread(args.threads)
     start = time.perf_counter()
     before = load()
     result = (rlx_worker if args.worker == "rlx" else trl_worker)(args)
@@ -237,7 +258,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="measured steps per run (after --warmup)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2, help="rlx and TRL back to back, order alternating")
-    parser.add_argument("--new-tokens", type=int, default=None, help="override the size's new tokens")
+    parser.add_argument("--new-tokens", type=int, default=None, help="override the size's new tokens (the budget)")
+    parser.add_argument("--stops", default="forced", choices=["forced", "natural"], help="natural: answers end at EOS")
+    parser.add_argument("--rollout", default="hf", choices=["hf", "fast"], help="rlx's sampler (rollout=...)")
+    parser.add_argument("--task", default="sums", choices=["sums", "long_sums"], help="the prompts (and base)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per tool")
     parser.add_argument("--rlx-tracking", default="mlflow", choices=["mlflow", "none"])
     parser.add_argument("--json", default=None, help="where to write the results (default benchmarks/results/)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
@@ -248,11 +273,14 @@ def main() -> None:
     parser.add_argument("--finetune", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rollout == "fast" and args.stops == "forced":
+        parser.error("--rollout fast reads no generation_config.json, so it cannot force a length: use --stops natural")
     if args.worker:
         args.new_tokens = int(args.new_tokens)
         return worker_main(args)
 
     plan = [(s, f) for s in args.sizes for f in args.finetunes]
+    natural_budget = task_config(args.task).rollout.max_new_tokens
     if args.collect:  # a run cut short: summarise the workers' files it left
         runs = []
         for path in sorted(Path(args.collect).glob("*-*-*-*.json")):
@@ -261,14 +289,14 @@ def main() -> None:
         return summarise(runs, plan, args)
     if args.dry_run:
         for s, f in plan:
-            print(f"{s} {f}: {NEW_TOKENS[s] if args.new_tokens is None else args.new_tokens} new tokens, {SIZES[s]}")
+            print(f"{s} {f}: {new_tokens_of(s, args, natural_budget)} new tokens ({args.stops}), {SIZES[s]}")
         return
     scratch = Path(tempfile.mkdtemp(prefix="vs-trl-"))
     runs = []
     for r in range(args.rounds):
         for size, finetune in plan:
-            new_tokens = args.new_tokens or NEW_TOKENS[size]
-            model_dir = make_model_dir(size, new_tokens, scratch)
+            new_tokens = new_tokens_of(size, args, natural_budget)
+            model_dir = make_model_dir(size, new_tokens, scratch, args.task, forced=args.stops == "forced")
             order = ("rlx", "trl") if r % 2 == 0 else ("trl", "rlx")
             for tool in order:
                 out = scratch / f"{tool}-{size}-{finetune}-{r}.json"
@@ -289,10 +317,20 @@ def main() -> None:
                     str(args.warmup),
                     "--rlx-tracking",
                     args.rlx_tracking,
+                    "--stops",
+                    args.stops,
+                    "--rollout",
+                    args.rollout,
+                    "--task",
+                    args.task,
+                    "--threads",
+                    str(args.threads),
                     "--out",
                     str(out),
                 ]
-                env = {"MLFLOW_TRACKING_URI": f"sqlite:///{scratch}/mlflow.db"}
+                threads = str(args.threads)
+                env = {"MLFLOW_TRACKING_URI": f"sqlite:///{scratch}/mlflow.db", "OMP_NUM_THREADS": threads}
+                env["MKL_NUM_THREADS"] = threads
                 data = run_worker(argv, out, env=env)
                 data.update(size=size, finetune=finetune, round=r, new_tokens=new_tokens)
                 runs.append(data)
@@ -304,6 +342,13 @@ def main() -> None:
                 )
     summarise(runs, plan, args)
     shutil.rmtree(scratch, ignore_errors=True)
+
+
+def new_tokens_of(size: str, args, natural_budget: int) -> int:
+    """``--new-tokens``, else the size's forced length or, with natural stops, the task's budget."""
+    if args.new_tokens is not None:
+        return args.new_tokens
+    return NEW_TOKENS[size] if args.stops == "forced" else natural_budget
 
 
 def summarise(runs: list[dict], plan, args) -> None:

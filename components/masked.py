@@ -46,6 +46,12 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return masked_sum(x, mask, dim) / count.clamp(min=1)
 
 
+def masked_max(x: Tensor, mask: Tensor) -> Tensor:
+    """The largest entry of ``x`` where ``mask`` is true (0-d); 0 where the mask is empty."""
+    mask = as_bool(mask)
+    return x.masked_fill(~mask, float("-inf")).amax() if mask.any() else x.new_zeros(())
+
+
 def masked_var(x: Tensor, mask: Tensor, *, unbiased: bool = True) -> Tensor:
     """Variance of the masked entries of ``x`` (a 0-d tensor); unbiased as in verl, 0 for < 2 entries."""
     mean = masked_mean(x, mask)

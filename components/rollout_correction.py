@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-from components.masked import as_bool, masked_count, masked_mean, masked_sum
+from components.masked import as_bool, masked_count, masked_max, masked_mean, masked_sum
 from components.registry import register
 
 LEVELS = ("token", "sequence")
@@ -82,5 +82,4 @@ def weight_metrics(weights: Tensor, raw: Tensor, real: Tensor) -> dict[str, Tens
     """``weight_mean`` and ``weight_max`` of ``weights``, and ``ess`` of the ``raw`` ones, over the real tokens."""
     count = masked_count(real).clamp(min=1)
     ess = masked_sum(raw, real) ** 2 / (count * masked_sum(raw**2, real)).clamp(min=1e-30)
-    largest = torch.where(real, weights, 0.0).amax() if real.any() else weights.new_zeros(())
-    return {"weight_mean": masked_mean(weights, real), "weight_max": largest, "ess": ess}
+    return {"weight_mean": masked_mean(weights, real), "weight_max": masked_max(weights, real), "ess": ess}

@@ -170,10 +170,17 @@ def report(
         None, "--arm", help="Only this arm (repeat for more): its name as printed, or overrides that single it out."
     ),
     fit: str = typer.Option(
-        None, "--fit", help="entropy: per arm a, b, R² of R = -a·exp(H) + b (H train/entropy, R --metric)."
+        None,
+        "--fit",
+        help="entropy: per arm a, b, R² of R = -a·exp(H) + b (H train/entropy, R --metric). sigmoid: ScaleRL's "
+        "R(C) per arm over --x, A, B, C_mid with intervals over seeds, Δ vs the baseline, an extrapolation check.",
     ),
+    fit_from: float = typer.Option(0.0, "--fit-from", help="--fit sigmoid: fit the points at x ≥ this only."),
     power: float = typer.Option(
         None, "--power", help="Planning: instead of the table, the seeds each arm needs to detect this Δ at 80% power."
+    ),
+    x: str = typer.Option(
+        None, "--x", help="Curves over step | samples | tokens | wall: runs cut at the common budget, an AUC column."
     ),
 ) -> None:
     """The ablation table of tracked runs: one row per arm, mean ± std over seeds, Δ vs the baseline.
@@ -181,13 +188,14 @@ def report(
     Examples: rlx report --study vapo-ablation --stats · rlx report --study vapo-ablation --power 0.02 ·
     rlx report --experiment rlx --format csv --out t.csv --plots curves/
     · rlx report --study entropy --fit entropy --metric eval/accuracy --plots fits/
+    · rlx report --study entropy --x samples --fit sigmoid --out reports/x/fit.md --plots reports/x/
     """
     from rlx_cli.studies.report import report_command
 
     text = report_command(
         experiment=experiment, study=study, metric=metric, baseline=baseline, reduce_by=reduce, k=k, fmt=fmt,
         out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, minimize=minimize, seeds=seeds,
-        arm_names=arm, fit=fit, power=power,
+        arm_names=arm, fit=fit, power=power, x=x, fit_from=fit_from,
     )  # fmt: skip
     if out is None:
         print(text, end="")

@@ -46,6 +46,19 @@ def softcapped_model(workdir: Path) -> None:
     tokenizer.save_pretrained(workdir / "model")
 
 
+def gpt2_model(workdir: Path) -> None:
+    """A tiny GPT-2: a causal LM whose layers rollout=fast does not compute."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from rlx_cli.engine.base_model import VOCAB_SIZE, char_tokenizer
+
+    tokenizer = char_tokenizer()
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=VOCAB_SIZE, **special)
+    GPT2LMHeadModel(config).save_pretrained(workdir / "model", safe_serialization=True)
+    tokenizer.save_pretrained(workdir / "model")
+
+
 def truncated_weights(workdir: Path) -> None:
     tiny_model(workdir / "model")
     weights = workdir / "model" / "model.safetensors"
@@ -139,6 +152,8 @@ CASES = [
      ["rollout_correction.cap=0", "above 0"], None, None),
     ("correction-band", [*TRAIN, "rollout_correction=mis", "rollout_correction.lower=2", "rollout_correction.upper=1"],
      ["rollout_correction.lower=2", "lower < upper"], None, None),
+    ("pass-k-above-samples", [*TRAIN, "eval.samples=2", "eval.pass_k=[1,4]"], ["eval.pass_k=[1, 4]", "eval.samples=2"],
+     None, None),
     ("range-temperature-zero", [*TRAIN, "rollout.temperature=0"], ["rollout.temperature=0"], None, None),
     ("range-lr-zero", [*TRAIN, "trainer.lr=0"], ["trainer.lr=0"], None, None),
     ("range-seed", [*TRAIN, "seed=-1"], ["seed=-1", "0 to"], None, None),
@@ -172,6 +187,8 @@ CASES = [
     ("model-truncated-weights", [*LOAD, "model.path=model"], ["model.path=model"], None, truncated_weights),
     ("model-softcapped-logits", [*LOAD, "model=hf", "model.path=model"],
      ["model.path=model", "final_logit_softcapping"], None, softcapped_model),
+    ("fast-unsupported-model", [*LOAD, "model=hf", "model.path=model", "model.finetune=full", "rollout=fast"],
+     ["rollout=fast", "not gpt2", "rollout=hf"], None, gpt2_model),
     # dataset files
     ("data-path-unset", [*TRAIN, "task=jsonl"], ["task.path", "required"], None, None),
     ("data-missing", [*LOAD, "task=jsonl", "task.path=nope.jsonl"], ["task.path=nope.jsonl"], None, None),
@@ -203,6 +220,7 @@ CASES = [
     ("tracking-unreachable", TRAIN, ["MLFLOW_TRACKING_URI=http://127.0.0.1:9"], UNREACHABLE, None),
     ("report-unknown-experiment", ["report", "--experiment", "nope"], ["nope"], None, an_experiment),
     ("report-power", ["report", "--experiment", "other", "--power", "0"], ["--power 0.0", "> 0"], None, an_experiment),
+    ("report-axis", ["report", "--experiment", "other", "--x", "flops"], ["--x flops", "samples"], None, an_experiment),
     ("status-unknown-study", ["status", "--study", "nope"], ["no study 'nope'", "(none)"], None, an_experiment),
     ("ui-port", ["ui", "--port", "70000"], ["--port", "65535"], None, None),
     # output directory and checkpoints

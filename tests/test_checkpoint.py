@@ -45,13 +45,22 @@ def test_pack_round_trips_nested_state_with_int_keys():
     assert back["groups"][0]["betas"] == [0.9, 0.98]
 
 
+# on-policy with each sampler (transformers' generate, rlx's own decode loop), and stale samples
+RESUMED = {
+    "on-policy-hf": ["rollout=hf"],
+    "on-policy-fast": ["rollout=fast"],
+    "lag-2": ["rollout.lag=2", "rollout_correction=tis"],
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("stale", [[], ["rollout.lag=2", "rollout_correction=tis"]], ids=["on-policy", "lag-2"])
-def test_sigkill_then_resume_equals_an_uninterrupted_run(workdir, stale):
-    straight = rlx("train", *STEPS, *stale, "trainer.output_dir=straight", "tracking.experiment=straight", cwd=workdir)
+@pytest.mark.parametrize("case", list(RESUMED))
+def test_sigkill_then_resume_equals_an_uninterrupted_run(workdir, case):
+    extra, stale = RESUMED[case], case == "lag-2"
+    straight = rlx("train", *STEPS, *extra, "trainer.output_dir=straight", "tracking.experiment=straight", cwd=workdir)
     assert straight.returncode == 0, straight.stderr
 
-    killed = [*STEPS, *stale, "trainer.output_dir=killed", "tracking.experiment=killed"]
+    killed = [*STEPS, *extra, "trainer.output_dir=killed", "tracking.experiment=killed"]
     proc = subprocess.Popen([sys.executable, "-m", "rlx_cli", "train", *killed], cwd=workdir,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + 300
@@ -62,7 +71,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(workdir, stale):
     assert not (workdir / "killed" / "metrics.json").exists()
     killed_at = checkpoint.latest(workdir / "killed")
     assert killed_at is not None and killed_at.name != "step-000008"
-    assert (killed_at / "behaviour.safetensors").is_file() == bool(stale)  # the versions the stale sampler keeps
+    assert (killed_at / "behaviour.safetensors").is_file() == stale  # the versions the stale sampler keeps
 
     resumed = rlx("train", *killed, "trainer.resume=true", cwd=workdir)
     assert resumed.returncode == 0, resumed.stderr
@@ -72,7 +81,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(workdir, stale):
     got = json.loads((workdir / "killed" / "metrics.json").read_text())
     assert without_perf(got) == without_perf(expected)
     assert "train/reward" in got and math.isfinite(got["eval/accuracy"])
-    assert (got["train/rollout_kl"] > 1e-6) == bool(stale)  # samples two updates old differ from the trainer
+    assert (got["train/rollout_kl"] > 1e-6) == stale  # samples two updates old differ from the trainer
 
     runs = mlflow_runs(workdir, "killed")
     assert len(runs) == 1 and runs.iloc[0]["status"] == "FINISHED"

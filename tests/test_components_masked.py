@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from components.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from components.masked import masked_max, masked_mean, masked_sum, masked_var, masked_whiten
 
 X = torch.tensor([[1.0, 2.0, math.nan], [3.0, 4.0, 5.0]])
 M = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
@@ -51,3 +51,10 @@ def test_masked_top_k_pools_rows_skips_padding_breaks_ties_by_position():
     assert masked_top_k(scores, mask, 2).tolist() == [[False, True, True], [False, False, False]]  # 5, then the 1st 2
     assert masked_top_k(scores, mask, 10).tolist() == (mask > 0).tolist()
     assert not masked_top_k(scores, torch.zeros(2, 3), 3).any()
+
+
+def test_masked_max_ignores_padding_even_where_real_values_are_negative():
+    x = torch.tensor([[-3.0, -1.0, 9.0], [-2.0, 5.0, 7.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    assert masked_max(x, mask).item() == -1.0  # not 9 (padding), not 0 (a fill value)
+    assert masked_max(x, torch.zeros_like(mask)).item() == 0.0

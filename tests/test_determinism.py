@@ -22,9 +22,10 @@ def history(run_id: str) -> dict[str, list[tuple[int, float]]]:
 
 
 @pytest.mark.slow
-def test_same_seed_same_metrics(workdir):
+@pytest.mark.parametrize("rollout", ["hf", "fast"])  # transformers' generate, rlx's own decode loop
+def test_same_seed_same_metrics(workdir, rollout):
     for name in ("a", "b"):
-        out = rlx("train", *RUN, "seed=3", f"trainer.output_dir={name}", cwd=workdir)
+        out = rlx("train", *RUN, f"rollout={rollout}", "seed=3", f"trainer.output_dir={name}", cwd=workdir)
         assert out.returncode == 0, out.stderr
     metrics = [json.loads((workdir / name / "metrics.json").read_text()) for name in ("a", "b")]
     a, b = ({k: v for k, v in m.items() if not k.startswith("perf/")} for m in metrics)

@@ -276,7 +276,8 @@ def test_no_store_is_a_user_error(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_sweep_then_report_acceptance_1(workdir):
     """Acceptance 1: a 2 x 2 sweep with 2 jobs -> 4 FINISHED runs; the report has 2 rows with n = 2; CSV round-trips."""
-    args = ["algo=grpo", "policy_loss.eps_high=0.2,0.28", "seed=0,1", *SHORT]
+    steps = ["trainer.steps=4" if a.startswith("trainer.steps=") else a for a in SHORT]  # the fit needs 4 points
+    args = ["algo=grpo", "policy_loss.eps_high=0.2,0.28", "seed=0,1", *steps]
     out = rlx("sweep", *args, "--jobs", "2", "--study", "acc1", cwd=workdir)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "4 finished, 0 failed, 0 skipped" in out.stdout
@@ -305,6 +306,19 @@ def test_sweep_then_report_acceptance_1(workdir):
     assert again.returncode == 0 and "0 finished, 0 failed, 4 skipped" in again.stdout, again.stdout
     assert len(mlflow_runs(workdir)) == 5
 
+    # at equal samples, with ScaleRL's fit (train/reward: a point at every step, x = the samples drawn so far)
+    fit = ("report", "--experiment", "rlx", "--x", "samples", "--fit", "sigmoid", "--metric", "train/reward")
+    out = rlx(*fit, "--out", "rep/fit.md", "--plots", "rep", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    text = (workdir / "rep" / "fit.md").read_text()
+    assert "C = samples" in text and "| grpo policy_loss.eps_high=0.28 |" in text and "ΔA vs" in text
+    per_run = pd.read_csv(workdir / "rep" / "fit-runs.csv")
+    assert len(per_run) == 4 and set(per_run["seed"]) == {0, 1}
+    curves = pd.read_csv(workdir / "rep" / "fit-curves.csv")
+    assert sorted(set(curves["x"])) == [i * 4 * 8 for i in range(1, 5)]  # 4 prompts x 8 answers a step
+    for name in ("fit-fits.csv", "fit-sigmoid.png", "train_reward.png"):
+        assert (workdir / "rep" / name).is_file()
+
 
 def test_a_delta_prints_at_its_columns_precision():
     from rlx_cli.studies.report_format import mean_std, num, signed
@@ -312,6 +326,7 @@ def test_a_delta_prints_at_its_columns_precision():
     assert signed(-0.000587, 0.75) == "-0.001"  # a Δ of accuracies: 3 decimals like the accuracies
     assert signed(0.0009, 0.75) == "+0.001"
     assert mean_std(0.742, 0.000833, 0.742) == "0.742 ± 0.001"
+    assert mean_std(float("nan"), float("nan")) == "–"  # an arm that does not log the metric
     assert num(0.000833) == "0.000833"  # on its own: 3 significant figures below 0.001
     assert num(2e-6, 1e-5) == "2e-06"  # a column of small values (learning rates) keeps its figures
     assert num(12345.0, 12345.0) == "1.23e+04"

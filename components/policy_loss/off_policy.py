@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from components.loss_agg import MODES, aggregate
-from components.masked import as_bool, masked_count, masked_mean, masked_sum
-from components.policy_loss.ratios import corrected, fraction, largest, ratio_metrics
+from components.masked import as_bool, masked_count, masked_max, masked_mean, masked_sum
+from components.policy_loss.ratios import corrected, fraction, ratio_metrics
 from components.registry import register
 
 
@@ -59,7 +59,7 @@ def gspo(
             "clip_frac_high": fraction((advantages > 0) & (s > 1.0 + eps_high), real),
             "clip_frac_low": fraction((advantages < 0) & (s < 1.0 - eps_low), real),
             "seq_ratio_mean": masked_mean(seq_ratio, rows),
-            "seq_ratio_max": largest(seq_ratio, rows),
+            "seq_ratio_max": masked_max(seq_ratio, rows),
             **ratio_metrics(advantages, log_ratio, torch.exp(log_ratio), real),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
@@ -200,7 +200,7 @@ def geo_mean(
             "clip_frac_high": fraction((advantages > 0) & (difference > eps_high), real),
             "clip_frac_low": fraction((advantages < 0) & (difference < -eps_low), real),
             "seq_ratio_mean": masked_mean(rho, rows),
-            "seq_ratio_max": largest(rho, rows),
+            "seq_ratio_max": masked_max(rho, rows),
             **ratio_metrics(advantages, log_ratio, torch.exp(log_ratio), real),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
-from components.masked import masked_mean
+from components.masked import masked_max, masked_mean
 
 
 def corrected(per_token: Tensor, weights: Tensor | None) -> Tensor:
@@ -22,13 +21,8 @@ def ratio_metrics(advantages, log_ratio, ratio, real, eps_low=None, eps_high=Non
         metrics["clip_frac_low"] = fraction((advantages < 0) & (ratio < 1.0 - eps_low), real)
     metrics["approx_kl"] = masked_mean(-log_ratio, real)
     metrics["ratio_mean"] = masked_mean(ratio, real)
-    metrics["ratio_max"] = largest(ratio, real)
+    metrics["ratio_max"] = masked_max(ratio, real)
     return metrics
-
-
-def largest(x: Tensor, real: Tensor) -> Tensor:
-    """The largest of ``x`` on the real tokens (0-d; 0 when there is none)."""
-    return torch.where(real, x, 0.0).amax() if real.any() else x.new_zeros(())
 
 
 def fraction(hit: Tensor, real: Tensor) -> Tensor:

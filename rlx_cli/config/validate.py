@@ -36,6 +36,8 @@ ENGINE_KEYS: dict[str, tuple] = {
     "rollout.group_size": (int, 1, 10_000),
     "rollout.temperature": (float, 1e-3, 10.0),
     "rollout.top_p": (float, 1e-3, 1.0),
+    "rollout.top_k": (int, 0, 1_000_000),
+    "eval.samples": (int, 1, 100_000),
     "rollout.max_new_tokens": (int, 1, 1_000_000),
     "rollout.lora_sync": (str, ("merged", "adapter")),
     "rollout.gpu_memory_utilization": (float, 0.01, 1.0),
@@ -130,6 +132,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"trainer.lr is not set and model.lr has no rate for model.finetune={cfg.model.finetune}")
     check_loop(cfg)
     check_off_policy(cfg)
+    check_pass_k(cfg)
     for key in ("model.path", "critic.init", "task.judge.path"):  # critic.init may also name a way to start
         value = OmegaConf.select(cfg, key, default=None)
         starts_from_policy = key == "critic.init" and value in FROM_POLICY
@@ -167,6 +170,17 @@ def check_loop(cfg: DictConfig) -> None:
         raise UserError("task.verifier=judge needs task.judge.path (valid: a local Hugging Face causal LM directory)")
 
 
+def check_pass_k(cfg: DictConfig) -> None:
+    """Every k of ``eval.pass_k`` a whole number from 1 to ``eval.samples`` (pass@k needs k of the n answers)."""
+    n, ks = cfg.eval.samples, cfg.eval.pass_k
+    if not OmegaConf.is_list(ks) or any(type(k) is not int or not 1 <= k <= n for k in ks):
+        raise UserError(
+            f"eval.pass_k={OmegaConf.to_container(ks) if OmegaConf.is_config(ks) else ks} is not valid with "
+            f"eval.samples={n} (valid: a list of whole numbers from 1 to eval.samples, e.g. eval.samples=8 "
+            "'eval.pass_k=[1,4,8]')"
+        )
+
+
 def check_off_policy(cfg: DictConfig) -> None:
     """The rollout correction's bounds, GMPO's per-sequence mean, and what a stale or bf16 sampler needs."""
     correction = cfg.rollout_correction
@@ -192,7 +206,7 @@ def check_off_policy(cfg: DictConfig) -> None:
         where = "rollout=vllm" if cfg.rollout.name == "vllm" else "trainer.strategy=fsdp"
         raise UserError(
             f"rollout.lag={lag} rollout.dtype={dtype}: a stale or bf16 copy of the policy samples, which {where} "
-            "does not support (valid: rollout=hf with trainer.strategy=ddp or zero1)"
+            "does not support (valid: rollout=hf or rollout=fast, trainer.strategy=ddp or zero1)"
         )
 
 

@@ -31,6 +31,10 @@ class Rollout:
     def prompt_len(self) -> int:
         return self.input_ids.shape[1] - self.responses.shape[1]
 
+    def tokens(self) -> float:
+        """The number of real response tokens."""
+        return float(self.response_mask.sum())
+
     @staticmethod
     def concat(parts: list[Rollout], pad_id: int) -> Rollout:
         """Stack batches of different widths: prompts re-padded on the left, responses on the right."""

@@ -128,6 +128,16 @@ def hf_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
     return HFSampler(models.tokenizer, top_p=rollout.top_p, chat_template=chat_template, rows=rollout.generate_rows)
 
 
+def fast_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
+    from rlx_cli.sampling.fast_rollout import FastSampler, check_architecture
+
+    rollout = cfg.rollout
+    check_architecture(models.policy)
+    chat_template = cfg.task.get("chat_template", False)
+    sampling = dict(top_p=rollout.top_p, top_k=rollout.top_k)
+    return FastSampler(models.tokenizer, **sampling, chat_template=chat_template, rows=rollout.generate_rows)
+
+
 def vllm_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
     from rlx_cli.sampling.vllm_rollout import VLLMSampler  # vllm is an extra: imported only when asked for
 
@@ -138,7 +148,7 @@ def vllm_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
     )
 
 
-SAMPLERS = {"hf": hf_sampler, "vllm": vllm_sampler}  # rollout.name -> the sampler's builder
+SAMPLERS = {"hf": hf_sampler, "fast": fast_sampler, "vllm": vllm_sampler}  # rollout.name -> the sampler's builder
 
 
 TASKS = {"sums": SumsTask, "jsonl": FileTask, "pairs": PairsTask}  # task.name -> the task's class

@@ -48,6 +48,7 @@ class TrainState:
     skipped_in_a_row: int = 0
     run_id: str | None = None  # the MLflow run this training logs into
     reward_errors: int = 0  # the task's verifier errors and time-outs so far, all processes: carried over a resume
+    compute: dict[str, float] = field(default_factory=dict)  # samples, tokens, train_tokens, wall_s (loops/compute.py)
 
 
 def save(output_dir: str | Path, parts: Parts, state: TrainState, keep: int) -> Path:

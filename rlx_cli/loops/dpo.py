@@ -28,9 +28,10 @@ from omegaconf import DictConfig
 from components import preference
 from rlx_cli.config.errors import UserError
 from rlx_cli.engine import distributed
-from rlx_cli.loops import loop
+from rlx_cli.loops import evaluation, loop
 from rlx_cli.loops.build import Parts
 from rlx_cli.loops.checkpoint import TrainState
+from rlx_cli.loops.compute import SAMPLED, SAMPLED_TOKENS, Clock, count_sampled
 from rlx_cli.loops.preference_update import dpo_updates, preference_metrics
 from rlx_cli.loops.signals import StopRequests
 from rlx_cli.sampling.pairs import Pair, pair_rollout, pairs_for_step, read_pairs, write_pairs
@@ -40,10 +41,10 @@ SAMPLED_PAIRS = "pairs.jsonl"  # in trainer.output_dir: the pairs sampled from t
 
 def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, state: TrainState) -> dict[str, float]:
     """Run DPO steps ``state.step + 1`` .. ``cfg.trainer.steps``; returns the final metrics."""
-    models, trainer, last = parts.models, cfg.trainer, state.metrics
+    models, trainer, last, clock = parts.models, cfg.trainer, state.metrics, Clock(state.compute)
     # 0. the pairs, and the starting point
-    train_pairs, eval_pairs = the_pairs(cfg, parts, tracker, progress, fresh=state.step == 0)
-    start(cfg, parts, tracker, progress, state, lambda: evaluate(cfg, parts, eval_pairs))
+    train_pairs, eval_pairs = the_pairs(cfg, parts, tracker, progress, state)
+    start(cfg, parts, tracker, progress, state, lambda: {**evaluate(cfg, parts, eval_pairs), **clock.metrics()})
 
     with progress.task("DPO", total=trainer.steps - state.step) as advance:
         for step in range(state.step + 1, trainer.steps + 1):
@@ -66,6 +67,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                     "train/skipped_steps": float(state.skipped),
                     "perf/step_s": time.perf_counter() - started,
                     **loop.gpu_memory(models.device),
+                    **clock.metrics(),
                 }
             )
             log_step(cfg, tracker, progress, state, step, metrics, lambda: evaluate(cfg, parts, eval_pairs))
@@ -100,8 +102,8 @@ def log_step(cfg, tracker, progress, state: TrainState, step: int, metrics: dict
 
 def evaluate(cfg, parts: Parts, eval_pairs: list[Pair]) -> dict[str, float]:
     """The task's verifier on the policy's answers to the held-out prompts, when the task has them (``eval/accuracy``,
-    ``loop.evaluate``), and the DPO metrics of the held-out pairs (``eval/preference_*``), when there are any."""
-    out = loop.evaluate(cfg, parts) if parts.task.eval_problems else {}
+    ``evaluation.evaluate``), and the DPO metrics of the held-out pairs (``eval/preference_*``), when there are any."""
+    out = evaluation.evaluate(cfg, parts) if parts.task.eval_problems else {}
     if len(eval_pairs) >= distributed.size():  # N processes: each its block of the pairs
         batch = pair_rollout(parts.sampler, distributed.shard(eval_pairs)).to(parts.models.device)
         held_out = preference_metrics(parts, batch)
@@ -111,10 +113,11 @@ def evaluate(cfg, parts: Parts, eval_pairs: list[Pair]) -> dict[str, float]:
     return out
 
 
-def the_pairs(cfg, parts: Parts, tracker, progress, *, fresh: bool) -> tuple[list[Pair], list[Pair]]:
+def the_pairs(cfg, parts: Parts, tracker, progress, state: TrainState) -> tuple[list[Pair], list[Pair]]:
     """(training pairs, held-out pairs): the file's (``task=pairs``), or those sampled from the initial policy (no
-    held-out pairs: the task's verifier evaluates), sampled on a fresh run and read back on a resumed one."""
-    task = parts.task
+    held-out pairs: the task's verifier evaluates), sampled on a fresh run (step 0; counted in ``state.compute``)
+    and read back on a resumed one."""
+    task, fresh = parts.task, state.step == 0
     if getattr(task, "pairs", None) is not None:
         return task.pairs, task.eval_pairs
     path = Path(cfg.trainer.output_dir) / SAMPLED_PAIRS
@@ -124,7 +127,7 @@ def the_pairs(cfg, parts: Parts, tracker, progress, *, fresh: bool) -> tuple[lis
         return read_pairs(path), []
     n, size = parts.components["preference"].wiring["pool_prompts"], cfg.rollout.group_size
     progress.note(f"sampling the pairs: {n} prompts x {size} answers from the initial policy")
-    pairs = sample_pairs(cfg, parts, n)
+    pairs = sample_pairs(cfg, parts, n, state.compute)
     if not pairs:
         raise UserError(
             f"no pairs: the answers to each of the preference.pool_prompts={n} prompts all scored alike "
@@ -136,12 +139,15 @@ def the_pairs(cfg, parts: Parts, tracker, progress, *, fresh: bool) -> tuple[lis
     return pairs, []
 
 
-def sample_pairs(cfg, parts: Parts, prompts: int) -> list[Pair]:
+def sample_pairs(cfg, parts: Parts, prompts: int, counts: dict) -> list[Pair]:
     """Pairs from ``prompts`` prompts x ``rollout.group_size`` answers of the current policy: best against worst of
-    each group by the task's verifier (``preference.best_worst``). N processes: each samples its block, all get all."""
+    each group by the task's verifier (``preference.best_worst``); the answers are added to ``counts`` (the run's
+    compute). N processes: each samples its block, all get all."""
     task, size = parts.task, cfg.rollout.group_size
     problems = [p for p in distributed.shard(task.train_problems(prompts, seed=cfg.seed, step=0)) for _ in range(size)]
-    batch = loop.answers(cfg, parts, problems, cfg.rollout.temperature)
+    batch = evaluation.answers(cfg, parts, problems, cfg.rollout.temperature)
+    drawn = {SAMPLED: len(batch.texts), SAMPLED_TOKENS: batch.tokens()}
+    count_sampled(counts, {k: distributed.total(v) for k, v in drawn.items()})
     scores = torch.tensor(task.score_batch(batch.texts, problems))
     chosen, rejected, _ = preference.best_worst(scores, torch.arange(len(problems)) // size)
     own = [

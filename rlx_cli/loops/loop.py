@@ -16,6 +16,8 @@ from rlx_cli.engine.batch import Rollout
 from rlx_cli.loops import checkpoint
 from rlx_cli.loops.build import Parts
 from rlx_cli.loops.checkpoint import TrainState
+from rlx_cli.loops.compute import SAMPLED, SAMPLED_TOKENS, Clock, count_sampled, count_trained
+from rlx_cli.loops.evaluation import answers, evaluate
 from rlx_cli.loops.guard import count_update
 from rlx_cli.loops.signals import StopRequests
 from rlx_cli.loops.update import update_step, value_update
@@ -33,6 +35,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
     rollout_cfg, trainer = cfg.rollout, cfg.trainer
     agg_mode = comp["loss_agg"].hparams["mode"]
     kl, last = comp["kl"], state.metrics
+    clock = Clock(state.compute)  # perf/samples, perf/tokens, perf/train_tokens, perf/wall_s
 
     with engine.sampling():  # an engine of its own (vLLM) starts from the policy's weights, a resumed run's too
         parts.sampler.sync(policy)
@@ -43,7 +46,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             pretrain_value(cfg, parts, tracker, progress, stop, state, fit, cfg.critic.reward_fit_steps)
         if critic is not None and vp.steps > 0:
             pretrain_value(cfg, parts, tracker, progress, stop, state, VALUE_PRETRAIN, vp.steps, vp.stop_explained_var)
-        last.update(evaluate(cfg, parts))
+        last.update({**evaluate(cfg, parts), **clock.metrics()})
         tracker.log_metrics(last, step=0)
         progress.note(f"step 0: {summary(last)}")
 
@@ -58,6 +61,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                 *sampled, models.tokenizer.pad_token_id
             )
             mask = batch.response_mask
+            count_sampled(state.compute, sampling)
             generated = time.perf_counter()
             shaping = comp["reward_shaping"]
             shaped, state.shaping = shaping(
@@ -138,6 +142,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                 **sampling,
                 **update,
                 **gpu_memory(models.device),
+                **clock.metrics(),
             }
             log_step(cfg, parts, tracker, progress, step, metrics, last)
             advance(reward=metrics["train/reward"], acc=last["eval/accuracy"])
@@ -237,10 +242,12 @@ def sample_groups(cfg, parts: Parts, step: int, model=None):
     distributed.seed_sampling(cfg.seed, step)
     wanted = len(distributed.shard(range(rollout.prompts_per_step)))  # N processes: each its block of the prompts
     kept_batches, kept_scores, kept_problems, groups, draws, scoring = [], [], [], 0, 0, 0.0
+    drawn = {SAMPLED: 0.0, SAMPLED_TOKENS: 0.0}  # every answer generated, kept or not
     while groups < wanted and draws < (rollout.max_draws if rollout.dynamic_sampling else 1):
         problems = task.train_problems(rollout.prompts_per_step, seed=cfg.seed, step=step, draw=draws)
         problems = [p for p in distributed.shard(problems) for _ in range(size)]
         batch = answers(cfg, parts, problems, rollout.temperature, model)
+        drawn = {SAMPLED: drawn[SAMPLED] + len(batch.texts), SAMPLED_TOKENS: drawn[SAMPLED_TOKENS] + batch.tokens()}
         started = time.perf_counter()
         scores = torch.tensor(task.score_batch(batch.texts, problems))
         scoring += time.perf_counter() - started  # the verifier's time; a judge model's forwards (task.verifier=judge)
@@ -263,6 +270,8 @@ def sample_groups(cfg, parts: Parts, step: int, model=None):
     group_index = torch.arange(groups).repeat_interleave(size)
     device = parts.models.device
     batch, annotated = credit.annotate(cfg, parts, batch.to(device), kept_problems)  # step rewards, SPO's values
+    drawn[SAMPLED] += annotated.get("train/spo_continuations", 0.0)
+    drawn[SAMPLED_TOKENS] += annotated.get("perf/spo_tokens", 0.0)
     return (
         batch,
         torch.cat(kept_scores).to(device),
@@ -272,21 +281,10 @@ def sample_groups(cfg, parts: Parts, step: int, model=None):
             "train/draws": float(draws),
             "train/reward_errors": float(task.reward_errors),  # cumulative verifier exceptions and time-outs
             **annotated,
+            **drawn,
             "perf/score_s": scoring,
         },
     )
-
-
-def answers(cfg, parts: Parts, problems: list, temperature: float, model=None) -> Rollout:
-    """The answers of ``model`` (None: the policy) to ``problems`` (one each, ``rollout.max_new_tokens`` at most;
-    greedy at temperature 0)."""
-    with parts.engine.sampling():
-        return parts.sampler.generate(
-            parts.models.policy if model is None else model,
-            [p.prompt for p in problems],
-            temperature=temperature,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-        )
 
 
 @dataclass(frozen=True)
@@ -337,7 +335,9 @@ def pretrain_value(
     agg_mode, words = parts.components["loss_agg"].hparams["mode"], fit.name.replace("_", " ")
     with progress.task(words, total=steps) as advance:
         for step in range(1, steps + 1):
-            batch, scores, _, _ = sample_groups(cfg, parts, -(fit.first_draw + step - 1))
+            batch, scores, _, drawn = sample_groups(cfg, parts, -(fit.first_draw + step - 1))
+            count_sampled(state.compute, drawn)
+            count_trained(state.compute, batch.tokens())
             returns, mask = fit_targets(fit, scores, batch.response_mask)
             old_values = parts.engine.values(batch)
             metrics, stepped = value_update(cfg, parts, batch, old_values, returns, agg_mode, mask)
@@ -351,28 +351,6 @@ def pretrain_value(
             if target is not None and metrics[f"{fit.name}/explained_var"] >= target:
                 progress.note(f"{words} stopped at step {step}: explained variance reached the target")
                 break
-
-
-@torch.no_grad()
-def evaluate(cfg, parts: Parts) -> dict[str, float]:
-    """Greedy and sampled accuracy on the task's fixed held-out prompts -> eval/*.
-
-    N processes: each evaluates its block of the prompts; the counts are summed.
-    """
-    task = parts.task
-    problems, total = distributed.shard(task.eval_problems), len(task.eval_problems)
-    out = {}
-    devices = torch.random.fork_rng()  # evaluation must not shift the training samples' random stream
-    with devices:
-        for name, temperature in (("accuracy", 0.0), ("accuracy_sampled", cfg.rollout.temperature)):
-            correct, tokens = 0.0, 0.0
-            if problems:  # more processes than prompts leave some without
-                batch = answers(cfg, parts, problems, temperature)
-                correct, tokens = sum(task.score_batch(batch.texts, problems)), batch.response_mask.sum().item()
-            out[f"eval/{name}"] = distributed.total(correct) / total
-            if name == "accuracy":
-                out["eval/response_len"] = distributed.total(tokens) / total
-    return out
 
 
 def summary(metrics: dict[str, float]) -> str:

@@ -9,7 +9,7 @@ Once per step:
    whose rewards are all equal makes none and is counted (``train/tied_groups``);
 4. ``trainer.epochs`` × ``trainer.minibatches`` DPO updates on the pairs (``preference_update.py``; the reference as
    in every mode), on the sampled tokens themselves; a step with fewer pairs than processes makes no update;
-5. log, evaluate (``loop.evaluate``); checkpoint (``loop.end_step``).
+5. log, evaluate (``evaluation.evaluate``); checkpoint (``loop.end_step``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from omegaconf import DictConfig
 
 from components import preference
 from rlx_cli.engine import distributed
-from rlx_cli.loops import loop
+from rlx_cli.loops import evaluation, loop
 from rlx_cli.loops.build import Parts
 from rlx_cli.loops.checkpoint import TrainState
+from rlx_cli.loops.compute import Clock, count_sampled
 from rlx_cli.loops.dpo import log_step, start
 from rlx_cli.loops.preference_update import dpo_updates
 from rlx_cli.loops.signals import StopRequests
@@ -31,8 +32,8 @@ from rlx_cli.loops.signals import StopRequests
 
 def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, state: TrainState) -> dict[str, float]:
     """Run online DPO steps ``state.step + 1`` .. ``cfg.trainer.steps``; returns the final metrics."""
-    models, trainer, last = parts.models, cfg.trainer, state.metrics
-    start(cfg, parts, tracker, progress, state, lambda: loop.evaluate(cfg, parts))
+    models, trainer, last, clock = parts.models, cfg.trainer, state.metrics, Clock(state.compute)
+    start(cfg, parts, tracker, progress, state, lambda: {**evaluation.evaluate(cfg, parts), **clock.metrics()})
 
     with progress.task("online DPO", total=trainer.steps - state.step) as advance:
         for step in range(state.step + 1, trainer.steps + 1):
@@ -42,6 +43,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             batch, scores, group_index, sampling, _ = distributed.gather_samples(
                 *sampled, models.tokenizer.pad_token_id
             )
+            count_sampled(state.compute, sampling)
             generated = time.perf_counter()
 
             # 3. best against worst of each group
@@ -70,9 +72,10 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                     "perf/tokens_per_s": lengths.sum().item() / (finished - started),
                     **sampling,
                     **loop.gpu_memory(models.device),
+                    **clock.metrics(),
                 }
             )
-            log_step(cfg, tracker, progress, state, step, metrics, lambda: loop.evaluate(cfg, parts))
+            log_step(cfg, tracker, progress, state, step, metrics, lambda: evaluation.evaluate(cfg, parts))
             advance(reward=metrics["train/reward"], acc=last["eval/accuracy"])
             loop.end_step(cfg, parts, tracker, stop, state, step)
     return last

@@ -29,6 +29,7 @@ from rlx_cli.engine import distributed
 from rlx_cli.engine.batch import Rollout
 from rlx_cli.loops.build import Parts
 from rlx_cli.loops.checkpoint import TrainState
+from rlx_cli.loops.compute import count_trained
 from rlx_cli.loops.guard import count_update, guarded_step, nan_injected
 
 
@@ -43,6 +44,7 @@ def dpo_updates(cfg, parts: Parts, state: TrainState, step: int, pairs: Rollout)
     """``trainer.epochs`` passes of ``trainer.minibatches`` DPO updates over the pairs of ``pairs`` (the step's,
     the same on every process) -> the mean of their ``train/*`` metrics. Needs at least one pair per process."""
     count = pairs.responses.shape[0] // 2
+    count_trained(state.compute, cfg.trainer.epochs * pairs.tokens())
     totals: dict[str, float] = {}
     updates = 0
     for _ in range(cfg.trainer.epochs):

@@ -31,7 +31,9 @@ from rlx_cli.engine import distributed
 from rlx_cli.engine.batch import Rollout
 from rlx_cli.loops.build import Parts
 from rlx_cli.loops.checkpoint import TrainState
-from rlx_cli.loops.loop import end_step, evaluate, log_step, sample_groups, summary
+from rlx_cli.loops.compute import Clock, count_sampled
+from rlx_cli.loops.evaluation import evaluate
+from rlx_cli.loops.loop import end_step, log_step, sample_groups, summary
 from rlx_cli.loops.signals import StopRequests
 from rlx_cli.loops.update import update_step
 
@@ -42,12 +44,12 @@ TENSORS = ("input_ids", "attention_mask", "position_ids", "responses", "response
 def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, state: TrainState) -> dict[str, float]:
     """Run RFT steps ``state.step + 1`` .. ``cfg.trainer.steps``; returns the final metrics (as ``loop.train``)."""
     trainer, engine, policy = cfg.trainer, parts.engine, parts.models.policy
-    last = state.metrics
+    last, clock = state.metrics, Clock(state.compute)
     with engine.sampling():  # vLLM starts from the policy's weights, a resumed run's too
         parts.sampler.sync(policy)
     if state.step == 0:
-        samples, drawn = draw_samples(cfg, parts, progress, stop)
-        last.update({**drawn, **evaluate(cfg, parts)})
+        samples, drawn = draw_samples(cfg, parts, progress, stop, state.compute)
+        last.update({**drawn, **evaluate(cfg, parts), **clock.metrics()})
         tracker.log_metrics(last, step=0)
         progress.note(f"step 0: {summary(last)}")
     else:
@@ -64,7 +66,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             parts.policy_schedule.step()
             with engine.sampling():
                 parts.sampler.sync(policy)  # vLLM: the new weights, for evaluation
-            metrics["perf/step_s"] = time.perf_counter() - started
+            metrics.update({"perf/step_s": time.perf_counter() - started, **clock.metrics()})
             log_step(cfg, parts, tracker, progress, step, metrics, last)
             advance(loss=metrics.get("train/loss", 0.0), acc=last["eval/accuracy"])
             end_step(cfg, parts, tracker, stop, state, step)
@@ -84,13 +86,15 @@ def supervised_update(cfg, parts: Parts, state: TrainState, step: int, batch: Ro
     return metrics
 
 
-def draw_samples(cfg, parts: Parts, progress, stop: StopRequests) -> tuple[Rollout, dict[str, float]]:
-    """The initial policy's answers to every step's prompts, the correct ones kept, shuffled and saved."""
+def draw_samples(cfg, parts: Parts, progress, stop: StopRequests, counts: dict) -> tuple[Rollout, dict[str, float]]:
+    """The initial policy's answers to every step's prompts, the correct ones kept, shuffled and saved; the answers
+    drawn are added to ``counts`` (the run's compute)."""
     pad_id = parts.models.tokenizer.pad_token_id
     kept, drawn, correct = [], 0, 0
     with progress.task("RFT: sampling from the initial policy", total=cfg.trainer.steps) as advance:
         for step in range(1, cfg.trainer.steps + 1):
-            batch, scores, *_ = distributed.gather_samples(*sample_groups(cfg, parts, step), pad_id)
+            batch, scores, _, sampling, _ = distributed.gather_samples(*sample_groups(cfg, parts, step), pad_id)
+            count_sampled(counts, sampling)
             right = (scores > 0).nonzero().squeeze(1)
             kept.append(batch.select(right).to(torch.device("cpu")))
             drawn, correct = drawn + len(scores), correct + len(right)

@@ -28,6 +28,7 @@ from rlx_cli.engine.batch import Rollout
 from rlx_cli.engine.microbatch import cut, place
 from rlx_cli.loops.build import Parts
 from rlx_cli.loops.checkpoint import TrainState
+from rlx_cli.loops.compute import count_trained
 from rlx_cli.loops.guard import count_update, guarded_step, nan_injected
 
 
@@ -55,6 +56,7 @@ def update_step(
     totals: dict[str, float] = {}
     count = 0
     seen = torch.zeros_like(batch.response_mask) if old_logp is None else None
+    count_trained(state.compute, cfg.trainer.epochs * batch.tokens())  # every process holds the whole batch
     for _ in range(cfg.trainer.epochs):
         for rows in distributed.minibatch_rows(batch.responses.shape[0], cfg.trainer.minibatches):
             minibatch = batch.select(rows)

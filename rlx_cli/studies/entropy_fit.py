@@ -16,7 +16,6 @@ from rlx_cli.config.errors import UserError
 from rlx_cli.studies.runs import connect, histories
 
 ENTROPY = "train/entropy"
-FITS = ("entropy",)  # rlx report --fit
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,12 @@ from pathlib import Path
 import pandas as pd
 
 from rlx_cli.config.errors import UserError
-from rlx_cli.studies import stats
+from rlx_cli.studies import compute_axis, report_format, scaling_report, stats
 from rlx_cli.studies.runs import connect, histories, load_runs, only_seeds
 from rlx_cli.studies.study import SEED_KEY, canonical, key_of
 
 REDUCE = ("last", "max", "mean_last_k", "mean_first_k")
+FITS = ("entropy", "sigmoid")  # rlx report --fit: entropy_fit.py, scaling_report.py
 FORMATS = ("md", "csv", "tex", "html")
 
 
@@ -179,13 +180,18 @@ def report_command(
     arm_names: list[str] | None = None,
     fit: str | None = None,
     power: float | None = None,
+    x: str | None = None,
+    fit_from: float = 0.0,
 ) -> str:
-    """``rlx report``: returns the formatted table (and writes it to ``out``, the curves to ``plots``).
+    """``rlx report``: returns the formatted table (and writes it to ``out``, the per-run data beside it, the curves
+    to ``plots``).
 
-    ``fit="entropy"``: instead, per arm the fit of R = −a·exp(H) + b to (train/entropy, ``metric``)
-    (``entropy_fit.py``). ``power``: instead, the seeds each arm needs to detect a Δ of that size (planning).
+    ``x``: the curves' axis, ``step`` or a compute axis (``compute_axis.py``): every run cut at the common budget,
+    an AUC column and the realised samples. ``fit="entropy"``: instead, per arm the fit of R = −a·exp(H) + b to
+    (train/entropy, ``metric``) (``entropy_fit.py``). ``power``: instead, the seeds each arm needs to detect a Δ of
+    that size (planning).
     """
-    from rlx_cli.studies import entropy_fit, report_format
+    from rlx_cli.studies import entropy_fit
 
     if reduce_by not in REDUCE:
         raise UserError(f"--reduce {reduce_by} is not valid (valid: {', '.join(REDUCE)})")
@@ -193,8 +199,11 @@ def report_command(
         raise UserError(f"--format {fmt} is not valid (valid: {', '.join(FORMATS)})")
     if k < 1:
         raise UserError(f"--k {k} is not valid (valid: 1 or more)")
-    if fit is not None and fit not in entropy_fit.FITS:
-        raise UserError(f"--fit {fit} is not valid (valid: {', '.join(entropy_fit.FITS)})")
+    if fit is not None and fit not in FITS:
+        raise UserError(f"--fit {fit} is not valid (valid: {', '.join(FITS)})")
+    scaling_report.check_fit_from(fit_from)
+    if x is not None:
+        compute_axis.check_axis(x)
     if power is not None and not power > 0:
         raise UserError(f"--power {power} is not valid (valid: the Δ to detect, > 0, in the metric's units, e.g. 0.02)")
     extras = [m.strip() for m in (extra_metrics or "").split(",") if m.strip()]
@@ -206,32 +215,128 @@ def report_command(
     found = group_arms(runs)
     named_base = None if baseline is None else pick_arm(found, baseline, "--baseline")
     arms = only_arms(found, arm_names, named_base)
-    if fit is not None:
+    if fit == "entropy":
         return written(entropy_fit.fit_report(arms, metric, known, plots), out)
     base = named_base or default_baseline(arms)
     _, client = connect()
-    curves = histories(client, [r for a in arms for r in a.runs], [metric, *extras])
+    spent = [m for m in ("perf/samples", compute_axis.AXES.get(x)) if m in known]  # absent from older runs
+    curves = histories(client, [r for a in arms for r in a.runs], [metric, *extras, *spent])
+    if fit == "sigmoid":
+        on_axis(arms, curves, [metric], x or "step")
+        points = {r.info.run_id: curves[r.info.run_id, metric] for a in arms for r in a.runs}
+        text = written(
+            scaling_report.sigmoid_report(arms, base, points, metric, x or "step", fit_from, plots, out), out
+        )
+        data_and_plots(arms, curves, [metric], reduce_by, k, out, plots, x or "step")
+        return text
     what = {"mean_last_k": f"mean of the last {k}", "mean_first_k": f"mean of the first {k}"}.get(reduce_by, reduce_by)
+    axis = Axis()
+    if x is not None:
+        axis = put_on_axis(arms, curves, metric, extras, x)
+        what += "" if x == "step" else f" up to {x} = {compute_axis.amount(axis.budget)}"
     context = report_format.Context(
         metric=metric,
         reduce=what,
         baseline=base.label,
         common=common_overrides(arms),
         source=" · ".join(f"{k_} {v}" for k_, v in (("experiment", experiment), ("study", study)) if v),
-        extras=extras,
+        extras=[*extras, *axis.columns],
         minimize=minimize,
+        described=axis.columns,
+        axis=x or "step",
+        budget=axis.caption,
     )
     if power is not None:
         planning = power_table(arms, base, curves, metric, reduce_by, k, power)
         text = report_format.render_power(planning, context, power, fmt)
     else:
-        table = build_table(arms, base, curves, metric, extras, reduce_by, k, with_stats)
+        table = build_table(arms, base, curves, metric, context.extras, reduce_by, k, with_stats)
         text = report_format.render(table, context, fmt)
     written(text, out)
-    if plots is not None:
-        for path in report_format.plot_curves(arms, curves, [metric, *extras], plots):
-            print(f"wrote {path}", flush=True)
+    data_and_plots(arms, curves, [metric, *extras], reduce_by, k, out, plots, context.axis)
     return text
+
+
+def data_and_plots(arms, curves, metrics: list[str], how: str, k: int, out: Path | None, plots: Path | None, axis):
+    """The per-run data beside ``out`` (``per_run_data``) and the curves of ``metrics`` in ``plots``, when given."""
+    written_paths = per_run_data(arms, curves, metrics[0], metrics[1:], how, k, out) if out is not None else []
+    if plots is not None:
+        written_paths += report_format.plot_curves(arms, curves, metrics, plots, axis)
+    for path in written_paths:
+        print(f"wrote {path}", flush=True)
+
+
+@dataclass
+class Axis:
+    """A compute axis put on the curves: the common budget, the caption's words for it, and the table's extra
+    columns (name -> legend), whose one-point curves the report added."""
+
+    budget: float = float("nan")
+    caption: str = ""
+    columns: dict[str, str] = field(default_factory=dict)
+
+
+def put_on_axis(arms: list[Arm], curves: dict, metric: str, extras: list[str], x: str) -> Axis:
+    """``curves`` of the arms' runs in place on axis ``x``, cut at the common budget (``compute_axis``); adds the
+    one-point curves of the AUC and of the samples each run drew in all -> the Axis."""
+    runs = [r.info.run_id for a in arms for r in a.runs]
+    samples = {run: curves.get((run, "perf/samples"), []) for run in runs}
+    spent = on_axis(arms, curves, [metric, *extras], x)
+    budget = compute_axis.common_budget([curves[run, metric] for run in runs])
+    auc = f"AUC of {metric}"
+    columns = {auc: f"the area under the run's {metric} curve over {x} (to the budget) divided by its {x} range: "
+                    "the curve's mean height, mean ± sample std over seeds"}  # fmt: skip
+    for run in runs:
+        for name in [metric, *extras]:
+            curves[run, name] = compute_axis.cut(curves[run, name], budget)
+        curves[run, auc] = [(0, compute_axis.area(curves[run, metric]))]
+    if all(samples.values()):
+        columns["samples drawn"] = "answers each run sampled in all (perf/samples at its end), mean ± std over seeds"
+        for run in runs:
+            curves[run, "samples drawn"] = samples[run][-1:]
+    caption = (
+        f"at equal {compute_axis.UNITS[x]}: every run's curve cut at {x} = {compute_axis.amount(budget)}, the "
+        "smallest budget any run reached, its value there interpolated"
+        if spent
+        else "AUC over steps"
+    )
+    return Axis(budget, caption, columns)
+
+
+def on_axis(arms: list[Arm], curves: dict, names: list[str], x: str) -> str | None:
+    """The curves of ``names`` of the arms' runs, in place, from [(step, value)] to [(x, value)] -> the metric that
+    gives x (None for steps); a UserError when a run did not log it."""
+    spent, runs = compute_axis.AXES[x], [r.info.run_id for a in arms for r in a.runs]
+    if spent is not None and any(not curves.get((run, spent)) for run in runs):
+        raise UserError(
+            f"--x {x}: some runs did not log {spent} (runs from before rlx logged compute; valid: --x step)"
+        )
+    for run in runs:
+        for name in names:
+            points = curves[run, name]
+            curves[run, name] = compute_axis.on_axis(points, curves[run, spent]) if spent else points
+    return spent
+
+
+def per_run_data(arms: list[Arm], curves: dict, metric: str, extras: list[str], how: str, k: int, out: Path):
+    """``<out stem>-runs.csv`` (arm, seed, run id, the metric's per-run value as in the table) and
+    ``<out stem>-curves.csv`` (arm, seed, run id, metric, x, value: every point the table and plots used) beside
+    ``out``, so that a report's statistics can be recomputed without the MLflow store -> their paths."""
+    runs, points = [], []
+    for arm in arms:
+        for run in arm.runs:
+            seed, run_id = run.data.tags.get("rlx.seed", ""), run.info.run_id
+            runs.append({"arm": arm.label, "seed": seed, "run_id": run_id,
+                         metric: reduce(curves[run_id, metric], how, k)})  # fmt: skip
+            points += [
+                {"arm": arm.label, "seed": seed, "run_id": run_id, "metric": name, "x": at, "value": value}
+                for name in [metric, *extras]
+                for at, value in curves[run_id, name]
+            ]
+    paths = out.with_name(f"{out.stem}-runs.csv"), out.with_name(f"{out.stem}-curves.csv")
+    for path, rows in zip(paths, (runs, points)):
+        pd.DataFrame(rows).to_csv(path, index=False)
+    return list(paths)
 
 
 def written(text: str, out: Path | None) -> str:

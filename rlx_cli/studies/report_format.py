@@ -5,7 +5,7 @@ from __future__ import annotations
 import html
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -22,6 +22,9 @@ class Context:
     source: str  # "experiment X · study Y"
     extras: list[str]
     minimize: bool = False
+    described: dict[str, str] = field(default_factory=dict)  # legend of an extra column that is not a reduced metric
+    axis: str = "step"  # the x of the curves: step | samples | tokens | wall (compute_axis.py)
+    budget: str = ""  # on another axis than step: where every run's curve was cut, in words
 
 
 def num(x: float, scale: float | None = None) -> str:
@@ -34,7 +37,8 @@ def num(x: float, scale: float | None = None) -> str:
 
 
 def mean_std(mean: float, std: float, scale: float | None = None) -> str:
-    return f"{num(mean, scale)} ± {num(std, scale)}"
+    """ "mean ± std"; "–" for an arm without the metric (a loss that does not log it)."""
+    return DASH if mean is None or math.isnan(mean) else f"{num(mean, scale)} ± {num(std, scale)}"
 
 
 def signed(x: float, scale: float | None = None) -> str:
@@ -89,7 +93,7 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
                           "says how many seeds it needs)"),
         ]  # fmt: skip
     headers += ctx.extras
-    legend += [(m, f"{ctx.reduce} per run, mean ± sample std over seeds") for m in ctx.extras]
+    legend += [(m, ctx.described.get(m, f"{ctx.reduce} per run, mean ± sample std over seeds")) for m in ctx.extras]
     rows = []
     scale = table["mean"].abs().max()
     extra_scales = {m: table[f"{m} mean"].abs().max() for m in ctx.extras}
@@ -107,7 +111,7 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
     best = [] if means.empty else list(table.index[table["mean"] == (means.min() if ctx.minimize else means.max())])
     caption = (
         f"{ctx.metric} ({ctx.reduce} per run): mean ± std over seeds, {len(rows)} arms, Δ vs {ctx.baseline}, "
-        "best in bold"
+        "best in bold" + (f"; {ctx.budget}" if ctx.budget else "")
     )
     return Layout(caption, headers, rows, best, footer(ctx), legend)
 
@@ -230,8 +234,9 @@ def render_power(table: pd.DataFrame, ctx: Context, delta: float, fmt: str) -> s
     return table.to_csv(index=False) if fmt == "csv" else WRITERS[fmt](planning(table, ctx, delta))
 
 
-def plot_curves(arms: list, curves: dict, metrics: list[str], folder: Path) -> list[Path]:
-    """One PNG per metric: per arm the mean over seeds at each step, with a ±std band where n ≥ 2."""
+def plot_curves(arms: list, curves: dict, metrics: list[str], folder: Path, axis: str = "step") -> list[Path]:
+    """One PNG per metric: per arm the mean over seeds at each x (``axis``: step, or a compute axis whose runs share
+    the x of their evaluations), with a ±std band where n ≥ 2."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -246,6 +251,8 @@ def plot_curves(arms: list, curves: dict, metrics: list[str], folder: Path) -> l
         for i, arm in enumerate(arms):
             series = {r.info.run_id: dict(curves[r.info.run_id, metric]) for r in arm.runs}
             frame = pd.DataFrame(series).sort_index()
+            if axis != "step":  # each run's x differ: every run interpolated at every x inside its own range
+                frame = frame.interpolate(method="index", limit_area="inside")
             if frame.empty:
                 continue
             mean, std = frame.mean(axis=1), frame.std(axis=1, ddof=1)
@@ -257,7 +264,7 @@ def plot_curves(arms: list, curves: dict, metrics: list[str], folder: Path) -> l
             if frame.shape[1] > 1:
                 ax.fill_between(mean.index, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("step")
+        ax.set_xlabel(axis if axis == "step" else f"{axis} (perf/{'wall_s' if axis == 'wall' else axis})")
         ax.set_ylabel(metric)
         ax.set_title(f"{metric}: mean ± std over seeds", fontsize=11)
         ax.grid(alpha=0.3)
