@@ -2,7 +2,7 @@
 # The off-policy study (reports/off-policy.md): 8 arms x 5 seeds at +regime=off_policy, two samples stale
 # (rollout.lag=2), two runs at a time, one thread each, seed-major. A finished run (metrics.json) is skipped.
 set -u
-cd "$(dirname "$0")"
+# runs in the current directory: its MLflow store ./mlflow.db, the runs in ./runs/
 python -c "import mlflow; mlflow.MlflowClient('sqlite:///mlflow.db').search_experiments()"  # the store, before parallel runs
 COMMON="+regime=off_policy rollout=fast rollout.lag=2 trainer.threads=1 tracking.experiment=off-policy"
 ARMS=(
