@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The off-policy study (reports/off-policy.md): 8 arms x 5 seeds at +regime=off_policy, two samples stale
 # (rollout.lag=2), two runs at a time, one thread each, seed-major. A finished run (metrics.json) is skipped.
+# Arguments, if any, replace the arms ("name|overrides" each): run-tis.sh passes its own.
 set -u
 # runs in the current directory: its MLflow store ./mlflow.db, the runs in ./runs/
 python -c "import mlflow; mlflow.MlflowClient('sqlite:///mlflow.db').search_experiments()"  # the store, before parallel runs
@@ -15,6 +16,7 @@ ARMS=(
   "sapo|algo=sapo"
   "gmpo|algo=gmpo"
 )
+[ $# -gt 0 ] && ARMS=("$@")
 for seed in ${SEEDS:-0 1 2 3 4}; do
   for arm in "${ARMS[@]}"; do
     name=${arm%%|*}; overrides=${arm#*|}
