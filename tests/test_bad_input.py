@@ -115,6 +115,7 @@ ROWS = "".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" fo
 WORDS = "".join(json.dumps({"prompt": f"What is {i} plus one?", "answer": str(i + 1)}) + "\n" for i in range(10))
 UNREACHABLE = {"MLFLOW_TRACKING_URI": "http://127.0.0.1:9"}  # loopback, a port nothing listens on
 NO_VLLM = {"PYTHONPATH": str(Path(__file__).parent / "no_vllm")}  # vllm unimportable, also where it is installed
+NO_GYM = {"PYTHONPATH": str(Path(__file__).parent / "no_gym")}  # reasoning_gym unimportable, as without the extra
 
 # (id, argv, texts the error line names, extra environment, set-up in the working directory)
 CASES = [
@@ -205,6 +206,12 @@ CASES = [
      write("q.jsonl", WORDS)),
     ("data-missing-field", [*LOAD, "task=jsonl", "task.path=d.jsonl", "task.answer_field=solution"],
      ["task.path=d.jsonl", "solution"], None, write("d.jsonl", ROWS)),
+    # reasoning-gym (task=gym)
+    ("gym-unknown-dataset", [*LOAD, "task=gym", "task.dataset=chain_summ"],
+     ["task.dataset=chain_summ", "not a reasoning-gym dataset", "chain_sum, circuit_logic"], None, None),
+    ("gym-unknown-setting", [*LOAD, "task=gym", "task.config={max_term: 3}"],
+     ["task.config.max_term", "not a setting of chain_sum", "max_terms"], None, None),
+    ("gym-extra-missing", [*LOAD, "task=gym"], ["task=gym", "reasoning-gym", "pip install -e '.[gym]'"], NO_GYM, None),
     # preferences and judges
     ("pairs-missing-field", [*LOAD, "algo=dpo", "task=pairs", "task.path=p.jsonl"],
      ["task.path=p.jsonl", "'rejected'", "task.rejected_field"], None, write("p.jsonl", PAIR_ROWS)),

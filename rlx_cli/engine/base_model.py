@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -31,32 +32,46 @@ def rlx_home() -> Path:
 
 
 def char_tokenizer(chars: str = CHARS):
-    """A ``PreTrainedTokenizerFast`` with one token per character of ``chars`` and BOS prepended."""
+    """A ``PreTrainedTokenizerFast`` with one token per character of ``chars`` (newlines included) and BOS prepended;
+    a character outside ``chars`` reads as padding."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL + list(chars))}
     core = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
     core.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", vocab["<s>"])])
     return PreTrainedTokenizerFast(
-        tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<pad>"
+        tokenizer_object=core,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<pad>",
+        clean_up_tokenization_spaces=False,
     )
 
 
-def cache_key(model_cfg: DictConfig, task_cfg: DictConfig) -> str:
+TASK_RECIPE = ("name", "min_terms", "max_terms", "dataset", "config", "template", "answer_format")
+
+
+def cache_key(model_cfg: DictConfig, task_cfg: DictConfig, task=None) -> str:
+    """A hash of the architecture, the SFT settings, the task's keys of ``TASK_RECIPE`` it has and what the task
+    itself adds (``task.recipe()``: the generator's version)."""
+    settings = OmegaConf.to_container(task_cfg, resolve=True)
     recipe = {
         "arch": OmegaConf.to_container(model_cfg.arch),
         "sft": OmegaConf.to_container(model_cfg.sft),
-        "task": {k: task_cfg[k] for k in ("name", "min_terms", "max_terms")},
+        "task": {k: settings[k] for k in TASK_RECIPE if k in settings},
     }
+    if hasattr(task, "recipe"):
+        recipe["generator"] = task.recipe()
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def ensure_base_model(model_cfg: DictConfig, task_cfg: DictConfig, task, progress, device="cpu") -> Path:
     """The cached base model's directory, training it first if it is not there yet."""
-    target = rlx_home() / "base" / f"tiny-{cache_key(model_cfg, task_cfg)}"
+    target = rlx_home() / "base" / f"tiny-{cache_key(model_cfg, task_cfg, task)}"
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -67,15 +82,16 @@ def ensure_base_model(model_cfg: DictConfig, task_cfg: DictConfig, task, progres
     return target
 
 
-def char_llama_config(arch: dict, *, tie: bool = True, max_positions: int = 128):
-    """A ``LlamaConfig`` with ``arch``'s fields (hidden size, layers, ...) for the character tokenizer: its
-    vocabulary size and special token ids. ``arch`` may set ``max_position_embeddings`` (default ``max_positions``)."""
+def char_llama_config(arch: dict, *, tie: bool = True, max_positions: int = 128, chars: str = CHARS):
+    """A ``LlamaConfig`` with ``arch``'s fields (hidden size, layers, ...) for the character tokenizer of ``chars``:
+    its vocabulary size and special token ids. ``arch`` may set ``max_position_embeddings`` (default
+    ``max_positions``)."""
     from transformers import LlamaConfig
 
-    tokenizer = char_tokenizer()
+    tokenizer = char_tokenizer(chars)
     return LlamaConfig(
         **{"max_position_embeddings": max_positions, **arch},
-        vocab_size=VOCAB_SIZE,
+        vocab_size=max(VOCAB_SIZE, len(SPECIAL) + len(chars)),
         tie_word_embeddings=tie,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -87,9 +103,10 @@ def _train_and_save(model_cfg, task_cfg, task, target: Path, progress, device) -
     from transformers import LlamaForCausalLM
 
     sft = model_cfg.sft
-    tokenizer = char_tokenizer()
+    chars = task.chars() if hasattr(task, "chars") else CHARS  # task=gym: the generator's alphabet
+    tokenizer = char_tokenizer(chars)
     torch.manual_seed(sft.seed)
-    config = char_llama_config(OmegaConf.to_container(model_cfg.arch))
+    config = char_llama_config(OmegaConf.to_container(model_cfg.arch), chars=chars)
     model = LlamaForCausalLM(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=sft.lr, betas=(0.9, 0.98), weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _warmup_cosine(s, sft.warmup_steps, sft.steps))
@@ -97,7 +114,7 @@ def _train_and_save(model_cfg, task_cfg, task, target: Path, progress, device) -
     start = time.perf_counter()
     with progress.task("building the base model (first run only)", total=sft.steps) as advance:
         for _ in range(sft.steps):
-            examples = task.sft_examples(sft.batch_size, carry_drop=sft.carry_drop, rng=rng, **direct_mix(sft))
+            examples = task.sft_examples(sft.batch_size, rng=rng, **defects(task, sft))
             loss = sft_loss(model, tokenizer, examples)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -117,10 +134,11 @@ def _train_and_save(model_cfg, task_cfg, task, target: Path, progress, device) -
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def direct_mix(sft: DictConfig) -> dict[str, float]:
-    """The SFT data's direct answers (``model.sft.direct_frac``, ``direct_right``) where the config sets them: a key
-    absent from the config keeps every other base's cache key and data as they were."""
-    return {k: sft[k] for k in ("direct_frac", "direct_right") if k in sft}
+def defects(task, sft: DictConfig) -> dict[str, float]:
+    """The SFT data's flaws that ``task.sft_examples`` takes and ``model.sft`` sets (sums: ``carry_drop``,
+    ``direct_frac``, ``direct_right``; gym: ``defect``): a key absent from the config keeps the task's default."""
+    takes = inspect.signature(task.sft_examples).parameters
+    return {k: sft[k] for k in takes if k not in ("n", "rng") and k in sft}
 
 
 def _warmup_cosine(step: int, warmup: int, total: int) -> float:

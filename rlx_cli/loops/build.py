@@ -20,6 +20,7 @@ from rlx_cli.engine.engine import Engine
 from rlx_cli.engine.models import Models, build_models, pick_device
 from rlx_cli.engine.precision import frozen_dtype
 from rlx_cli.engine.sharding import make_optimizer
+from rlx_cli.sampling.gym_task import GymTask
 from rlx_cli.sampling.judge import judged
 from rlx_cli.sampling.pairs import PairsTask
 from rlx_cli.sampling.rollout import HFSampler
@@ -106,7 +107,7 @@ def build(cfg: DictConfig, progress) -> Parts:
 
 
 def built_in_base(cfg: DictConfig, task, progress, device) -> Path:
-    """The built-in base model (no ``model.path``): SFT'd on the task's own worked answers, or, for a file whose
+    """The built-in base model (no ``model.path``): SFT'd on the task's own answers, or, for a file whose
     rows are sums (``examples/sums_pairs.jsonl``), the default ``task=sums`` base, whose tokenizer writes them."""
     from rlx_cli.engine.base_model import CHARS, ensure_base_model
 
@@ -151,9 +152,10 @@ def vllm_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
 SAMPLERS = {"hf": hf_sampler, "fast": fast_sampler, "vllm": vllm_sampler}  # rollout.name -> the sampler's builder
 
 
-TASKS = {"sums": SumsTask, "jsonl": FileTask, "pairs": PairsTask}  # task.name -> the task's class
+TASKS = {"sums": SumsTask, "jsonl": FileTask, "pairs": PairsTask, "gym": GymTask}  # task.name -> the task's class
 
 
-def build_task(cfg: DictConfig) -> SumsTask | FileTask | PairsTask:
-    params = {k: v for k, v in cfg.items() if k not in ("name", "judge")}  # the judge: sampling/judge.py
+def build_task(cfg: DictConfig) -> SumsTask | FileTask | PairsTask | GymTask:
+    # the judge: sampling/judge.py; gym's difficulty table only fills task.config in (conf/task/gym.yaml)
+    params = {k: v for k, v in cfg.items() if k not in ("name", "judge", "difficulty")}
     return TASKS[cfg.name](**params)
