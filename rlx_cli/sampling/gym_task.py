@@ -154,4 +154,6 @@ class GymTask:
 
     def recipe(self) -> dict:
         """What makes the built-in base for this task besides its config (part of the cache key)."""
-        return {"reasoning_gym": getattr(self.gym, "__version__", "unknown")}
+        from importlib.metadata import version
+
+        return {"reasoning_gym": version("reasoning-gym")}  # the package's __version__ string lags its releases
