@@ -113,6 +113,7 @@ def test_the_tokenizer_writes_every_character_of_prompts_and_answers():
         ({"config": {"min_terms": 5, "max_terms": 3}}, "is not valid for chain_sum"),
         ({"answer_format": "json"}, "task.answer_format=json is not valid (valid: tag, plain)"),
         ({"template": "{prompt}"}, "task.template='{prompt}' does not fit"),
+        ({"eval_size": 0}, "task.eval_size=0 is out of range (valid: 1 to"),
     ],
 )
 def test_bad_settings_are_one_line(overrides, expected):

@@ -83,6 +83,8 @@ class GymTask:
             raise UserError(f"task.answer_format={answer_format} is not valid (valid: {', '.join(INSTRUCTIONS)})")
         if verifier not in ("exact", "judge"):  # judge: a model scores instead (sampling/judge.py wraps the task)
             raise UserError(f"task.verifier={verifier} is not valid for task=gym (valid: exact, judge)")
+        if not 1 <= eval_size <= INDICES:
+            raise UserError(f"task.eval_size={eval_size} is out of range (valid: 1 to {INDICES})")
         if not 0 <= eval_seed <= TRAIN_SEED - eval_size:
             raise UserError(f"task.eval_seed={eval_seed} is out of range (valid: 0 to {TRAIN_SEED - eval_size})")
         config = dict(config or {})
