@@ -89,7 +89,7 @@ class GymTask:
             raise UserError(f"task.eval_seed={eval_seed} is out of range (valid: 0 to {TRAIN_SEED - eval_size})")
         config = dict(config or {})
         self.dataset, self.template, self.answer_format = dataset, template, answer_format
-        self.chat_template = chat_template
+        del chat_template  # the samplers read task.chat_template from the config
         self.held_out = generator(dataset, config, seed=eval_seed, size=eval_size)
         self.train = generator(dataset, config, seed=TRAIN_SEED, size=INDICES)
         self.eval_problems = [self.problem(self.held_out[i]) for i in range(eval_size)]
