@@ -141,10 +141,9 @@ class GymTask:
         answer of another drawn problem (well formed, almost always wrong): the flaw RL can fix."""
         examples = []
         for _ in range(n):
-            problem, answer = self.problem(self.draw(rng)), None
-            if defect > 0 and rng.random() < defect:
-                answer = str(self.draw(rng)["answer"])
-            examples.append((problem.prompt, self.respond(problem.answer if answer is None else answer)))
+            problem = self.problem(self.draw(rng))
+            answer = str(self.draw(rng)["answer"]) if defect > 0 and rng.random() < defect else problem.answer
+            examples.append((problem.prompt, self.respond(answer)))
         return examples
 
     def chars(self) -> str:
