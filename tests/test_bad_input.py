@@ -211,6 +211,8 @@ CASES = [
      ["task.dataset=chain_summ", "not a reasoning-gym dataset", "chain_sum, circuit_logic"], None, None),
     ("gym-unknown-setting", [*LOAD, "task=gym", "task.config={max_term: 3}"],
      ["task.config.max_term", "not a setting of chain_sum", "max_terms"], None, None),
+    ("gym-setting-dotted", [*LOAD, "task=gym", "task.config.max_terms=3"],
+     ["task.config.max_terms", "set it whole", "'task.config={max_terms: ...}'"], None, None),
     ("gym-extra-missing", [*LOAD, "task=gym"], ["task=gym", "reasoning-gym", "pip install -e '.[gym]'"], NO_GYM, None),
     # preferences and judges
     ("pairs-missing-field", [*LOAD, "algo=dpo", "task=pairs", "task.path=p.jsonl"],

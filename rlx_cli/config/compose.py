@@ -180,6 +180,9 @@ def valid_keys_hint(key: str, overrides: list[str]) -> str:
     if not isinstance(node, DictConfig):
         return ""
     keys = [k for k in node.keys() if k != "hydra"]
+    name = key.rpartition(".")[2]
+    if name in keys:  # the parent is one value taken from elsewhere (task=gym's task.config: ${...difficulty})
+        return f" ({parent} is one value, set it whole: '{parent}={{{name}: ...}}')"
     return f" (valid keys in {parent or 'the top level'}: {', '.join(map(str, keys))})"
 
 
