@@ -42,14 +42,19 @@ def whiten_and_clip(adv: Tensor, mask: Tensor, *, whiten: bool = True, clip: flo
     return _zero_padding(adv, as_bool(mask))
 
 
-def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
-    """1 − Var(R − V) / Var(R) over the real tokens (0-d tensor); 0 when Var(R) = 0 (nothing to explain).
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor, *, rel_tol: float = 1e-4) -> Tensor:
+    """1 − Var(R − V) / Var(R) over the real tokens (0-d tensor); 0 when R is constant (nothing to explain).
 
+    R counts as constant when its std is at most ``rel_tol`` × the largest |R| or |V|: the rounding of GAE's
+    returns, e.g. a minibatch whose answers all scored 1, where R = 1 ± 1e-7 would give −1e15.
     cleanrl / SB3 return NaN for Var(R) = 0; 0 keeps logged metrics and their averages finite.
     """
     var_returns = masked_var(returns, mask, unbiased=False)
+    real = as_bool(mask)
+    scale = torch.cat([returns[real].abs(), values[real].abs(), returns.new_zeros(1)]).max()
+    constant = var_returns <= (rel_tol * scale) ** 2
     ratio = masked_var(returns - values, mask, unbiased=False) / var_returns.clamp(min=torch.finfo(returns.dtype).tiny)
-    return torch.where(var_returns > 0, 1 - ratio, torch.zeros_like(ratio)).detach()
+    return torch.where(constant, torch.zeros_like(ratio), 1 - ratio).detach()
 
 
 @register("advantage", "gae", ranges={"gamma": (0.0, 1.0), "lam": (0.0, 1.0)})

@@ -47,6 +47,11 @@ def test_explained_variance():
     values = torch.tensor([[1.0, 2.0, 2.0, -7.0]])
     assert advantage.explained_variance(values, returns, mask).item() == pytest.approx(2 / 3)
     assert advantage.explained_variance(values, torch.ones(1, 4), mask).item() == 0.0  # Var(R) = 0
+    # R = 1 up to GAE's rounding (a minibatch whose answers all scored 1): constant, not 1 − 1e-2 / 1e-14
+    rounded = torch.tensor([[1.0, 1.0 + 1.2e-7, 1.0 - 1.2e-7, 0.0]])
+    assert advantage.explained_variance(torch.tensor([[0.9, 0.5, 0.7, 0.0]]), rounded, mask).item() == 0.0
+    small = torch.tensor([[1e-3, 2e-3, 3e-3, 0.0]])  # a small but real spread is still explained
+    assert advantage.explained_variance(small, small, mask).item() == pytest.approx(1.0)
 
 
 # ---------------------------------------------------------------- gae
