@@ -12,4 +12,4 @@ for seed in ${SEEDS:-0 1 2 3 4}; do
     [ -f "$out/metrics.json" ] && continue
     echo "rlx train $overrides $COMMON seed=$seed trainer.output_dir=$out"
   done
-done | xargs -P "${JOBS:-2}" -I{} bash -c '{} > /dev/null 2>&1 || echo "FAILED: {}"'
+done | xargs -d '\n' -P "${JOBS:-2}" -I{} bash -c '{} > /dev/null 2>&1 || echo "FAILED: {}"'
