@@ -156,6 +156,5 @@ TASKS = {"sums": SumsTask, "jsonl": FileTask, "pairs": PairsTask, "gym": GymTask
 
 
 def build_task(cfg: DictConfig) -> SumsTask | FileTask | PairsTask | GymTask:
-    # the judge: sampling/judge.py; gym's difficulty table only fills task.config in (conf/task/gym.yaml)
-    params = {k: v for k, v in cfg.items() if k not in ("name", "judge", "difficulty")}
+    params = {k: v for k, v in cfg.items() if k not in ("name", "judge")}  # the judge: sampling/judge.py
     return TASKS[cfg.name](**params)

@@ -77,6 +77,7 @@ class GymTask:
         answer_format: str,
         chat_template: bool,
         verifier: str = "exact",
+        difficulty=None,
     ):
         self.gym = import_gym()
         if answer_format not in INSTRUCTIONS:
@@ -90,6 +91,7 @@ class GymTask:
         config = dict(config or {})
         self.dataset, self.template, self.answer_format = dataset, template, answer_format
         del chat_template  # the samplers read task.chat_template from the config
+        del difficulty  # conf/task/gym.yaml's table of default task.config per dataset: already resolved into config
         self.held_out = generator(dataset, config, seed=eval_seed, size=eval_size)
         self.train = generator(dataset, config, seed=TRAIN_SEED, size=INDICES)
         self.eval_problems = [self.problem(self.held_out[i]) for i in range(eval_size)]
