@@ -59,7 +59,10 @@ def test_short_run_lands_in_mlflow(workdir):
     ):
         assert f"metrics.{metric}" in runs.columns, metric
     assert (workdir / "out" / "final" / "model.safetensors").is_file()
-    assert json.loads((workdir / "out" / "metrics.json").read_text())["eval/accuracy"] >= 0
+    final = json.loads((workdir / "out" / "metrics.json").read_text())
+    assert final["eval/accuracy"] >= 0
+    stages = [final[f"perf/{stage}_s"] for stage in ("generate", "logprobs", "update", "sync")]
+    assert min(stages) >= 0 and sum(stages) == pytest.approx(final["perf/step_s"], rel=1e-6)  # the step, split
 
 
 def test_a_run_that_raises_is_marked_failed(workdir, monkeypatch):

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from conftest import save_tiny_llama
+from torch import nn
 
 from rlx_cli.engine import logprobs
 from rlx_cli.engine.batch import Rollout
@@ -53,6 +54,7 @@ def model_and_batch(tmp_path, *, tie: bool, lora: list[str] | None):
 )
 def test_chunked_path_equals_the_full_logits(tmp_path, monkeypatch, tie, lora):
     monkeypatch.setattr(logprobs, "LOGITS_PER_CHUNK", 3 * 20)  # 3 tokens a chunk: several chunks, recomputed
+    monkeypatch.setattr(logprobs, "MIN_CHUNK_ROWS", 1)
     model, batch = model_and_batch(tmp_path, tie=tie, lora=lora)
     trainable = [p for p in model.parameters() if p.requires_grad]
     weights = torch.randn(2, *batch.response_mask.shape, generator=torch.Generator().manual_seed(3))
@@ -122,3 +124,15 @@ def test_peak_memory_of_one_forward_and_backward_is_below_a_third(tmp_path):
         peak[path] = float(out.stdout.split()[-1])
     print(f"peak RSS growth: plain {peak['plain']:.0f} MiB, chunked {peak['chunked']:.0f} MiB")
     assert peak["chunked"] < peak["plain"] / 3
+
+
+def test_a_large_vocabulary_still_gets_chunks_of_min_chunk_rows_tokens(monkeypatch):
+    """At Qwen2.5's vocabulary LOGITS_PER_CHUNK alone gives 27-token chunks; the head runs on MIN_CHUNK_ROWS at once."""
+    calls = []
+    head = nn.Linear(8, 151_936, bias=False)
+    counted = lambda module, args: calls.append(args[0].shape[0])  # noqa: E731
+    head.register_forward_pre_hook(counted)
+    hidden, targets = torch.randn(2_500, 8), torch.randint(0, 151_936, (2_500,))
+    with torch.no_grad():
+        logprobs.head_logp(hidden, head, targets, 1.0)
+    assert calls == [1024, 1024, 452]

@@ -2,11 +2,12 @@
 
 A causal LM's own forward returns logits for every position and the whole vocabulary, ``[B, L, V]``; at V = 32k
 and 4k response tokens one float32 copy is 0.5 GiB, and log-softmax and entropy make several. Here the decoder body
-runs once, only the real response positions' hidden states ``[N, H]`` go through the output head, in chunks of at
-most ``LOGITS_PER_CHUNK`` logits, and under autograd each chunk is recomputed in backward
-(``torch.utils.checkpoint``), so memory grows with N·H, not N·V. Values and gradients are the plain path's
-(log-softmax and entropy in float32); the head is the model's own ``get_output_embeddings()``, so a head tied to
-the input embedding or wrapped by LoRA gets its gradient as usual (verl's fused PPO head works the same way).
+runs once, only the real response positions' hidden states ``[N, H]`` go through the output head, in chunks of
+``LOGITS_PER_CHUNK`` logits but never fewer than ``MIN_CHUNK_ROWS`` tokens, and under autograd each chunk is
+recomputed in backward (``torch.utils.checkpoint``), so memory grows with N·H, not N·V. Values and gradients are
+the plain path's (log-softmax and entropy in float32); the head is the model's own ``get_output_embeddings()``, so a
+head tied to the input embedding or wrapped by LoRA gets its gradient as usual (verl's fused PPO head works the
+same way).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from rlx_cli.engine.batch import Rollout
 from rlx_cli.engine.precision import autocast
 
 LOGITS_PER_CHUNK = 2**22  # 16 MiB of float32 logits at a time (a chunk's backward holds a few such tensors)
+# ... but at least this many tokens: each chunk's head matmul reads the whole head, so at Qwen2.5's 151,936-token
+# vocabulary 2**22 logits were chunks of 27 tokens, 0.6 GB of head read for each, and the head ran 2.8x slower on the
+# CPU (fwd + bwd) than in chunks of 1,024. A chunk of 1,024 tokens at that vocabulary is 0.6 GB of float32 logits.
+MIN_CHUNK_ROWS = 1024
 # config attributes of models whose CausalLM forward changes the logits after the head (Gemma 2/3, Cohere, Granite)
 LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
@@ -77,7 +82,7 @@ def head_logp(hidden: Tensor, head: nn.Module, targets: Tensor, temperature: flo
 
     The logits are divided by ``temperature`` (the sampling distribution's). Entropy H = logsumexp(z) − Σ p·z.
     """
-    rows = max(1, LOGITS_PER_CHUNK // head.weight.shape[0])
+    rows = max(MIN_CHUNK_ROWS, LOGITS_PER_CHUNK // head.weight.shape[0])
     recompute = torch.is_grad_enabled() and hidden.shape[0] > rows  # one chunk: nothing to save by recomputing
     pieces = []
     for start in range(0, max(hidden.shape[0], 1), rows):  # no token at all: one empty chunk, still on the graph

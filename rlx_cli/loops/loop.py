@@ -77,6 +77,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             ref_logp = engine.logp(own, temperature, reference=True) if measures_kl(kl, step, trainer.steps) else None
             values = engine.values(own) if critic is not None else None
             old_logp, ref_logp, values = (distributed.gather(x) for x in (old_logp, ref_logp, values))
+            forwarded = synchronized(models.device)
 
             # 4. token rewards: the score at the last token, minus β·KL per token when KL sits in the reward
             in_reward = kl_in_reward(kl)
@@ -120,7 +121,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                 old_logp = distributed.sum_rows(seen_logp)
             update.update(logp_metrics(old_logp, ref_logp, batch.sampler_logp, learned.response_mask))
             parts.policy_schedule.step()
-            updated = time.perf_counter()
+            updated = synchronized(models.device)
             with engine.sampling():
                 parts.sampler.sync(policy)  # vLLM: the new weights to the engine
             finished = time.perf_counter()
@@ -136,7 +137,10 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                 "train/skipped_consecutive": float(state.skipped_in_a_row),
                 "perf/step_s": finished - started,
                 "perf/generate_s": generated - started,
+                "perf/logprobs_s": forwarded - generated,  # old and reference log-probs, values
+                "perf/update_s": updated - forwarded,  # advantages, then the minibatch epochs
                 "perf/sync_s": finished - updated,
+                "perf/seq_tokens": float(batch.attention_mask.sum()),  # prompt and response tokens of the batch
                 "perf/tokens_per_s": lengths.sum().item() / (finished - started),
                 **credit.step_metrics(batch),
                 **sampling,
@@ -189,6 +193,13 @@ def measures_kl(kl, step: int, last_step: int) -> bool:
     else, when it only feeds the ``train/kl`` metric, every ``kl.measure_every`` steps and the last."""
     every = kl.wiring.get("measure_every", 1)
     return kl.wiring["coef"] > 0 or step % every == 0 or step == last_step
+
+
+def synchronized(device: torch.device) -> float:
+    """``time.perf_counter()`` once the GPU's queued work is done (on the CPU, at once): stage times that add up."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def gpu_memory(device: torch.device) -> dict[str, float]:
