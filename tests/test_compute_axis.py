@@ -99,6 +99,18 @@ def test_arms_at_equal_samples_with_per_run_data(compute_store):
     assert "at equal answers sampled: every run's curve cut at samples = 400" in md
 
 
+def test_an_arm_with_no_point_before_the_budget_is_named_in_the_caption(compute_store):
+    """'vapo' pretrains its critic on 1,000 answers before its first evaluation: past grpo's and dapo's budget."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"])
+    exp_id = client.get_experiment_by_name("compute").experiment_id
+    log_curve(client, exp_id, "algo=vapo", 0, [(s, 1000.0 + 100 * s, 0.2) for s in range(5)], 20)
+    md = report_command(experiment="compute", x="samples")
+    assert "runs of vapo have no point before the budget (their first evaluation comes after samples = 400" in md
+    assert "no point before the budget" not in report_command(experiment="compute", x="step")
+
+
 def test_an_axis_the_runs_did_not_log_is_one_line(compute_store):
     with pytest.raises(UserError, match=r"--x tokens: some runs did not log perf/tokens .*valid: --x step"):
         report_command(experiment="compute", x="tokens")

@@ -283,6 +283,7 @@ def put_on_axis(arms: list[Arm], curves: dict, metric: str, extras: list[str], x
     samples = {run: curves.get((run, "perf/samples"), []) for run in runs}
     spent = on_axis(arms, curves, [metric, *extras], x)
     budget = compute_axis.common_budget([curves[run, metric] for run in runs])
+    late = [a.label for a in arms if any(curves[r.info.run_id, metric][:1] > [(budget,)] for r in a.runs)]
     auc = f"AUC of {metric}"
     columns = {auc: f"the area under the run's {metric} curve over {x} (to the budget) divided by its {x} range: "
                     "the curve's mean height, mean ± sample std over seeds"}  # fmt: skip
@@ -300,6 +301,12 @@ def put_on_axis(arms: list[Arm], curves: dict, metric: str, extras: list[str], x
         if spent
         else "AUC over steps"
     )
+    if late:  # e.g. value pretraining's answers, drawn before the first evaluation
+        caption += (
+            f"; runs of {', '.join(late)} have no point before the budget (their first evaluation comes after "
+            f"{x} = {compute_axis.amount(budget)}: what they sampled before RL counts), so no value: compare "
+            "them with --x step"
+        )
     return Axis(budget, caption, columns)
 
 
