@@ -283,7 +283,8 @@ def put_on_axis(arms: list[Arm], curves: dict, metric: str, extras: list[str], x
     samples = {run: curves.get((run, "perf/samples"), []) for run in runs}
     spent = on_axis(arms, curves, [metric, *extras], x)
     budget = compute_axis.common_budget([curves[run, metric] for run in runs])
-    late = [a.label for a in arms if any(curves[r.info.run_id, metric][:1] > [(budget,)] for r in a.runs)]
+    starts = {run: curves[run, metric][0][0] for run in runs if curves[run, metric]}
+    late = [a.label for a in arms if any(starts.get(r.info.run_id, budget) > budget for r in a.runs)]
     auc = f"AUC of {metric}"
     columns = {auc: f"the area under the run's {metric} curve over {x} (to the budget) divided by its {x} range: "
                     "the curve's mean height, mean ± sample std over seeds"}  # fmt: skip
