@@ -20,9 +20,11 @@ from rlx_cli.engine.batch import Rollout
 from rlx_cli.engine.precision import autocast
 
 LOGITS_PER_CHUNK = 2**22  # 16 MiB of float32 logits at a time (a chunk's backward holds a few such tensors)
-# ... but at least this many tokens: each chunk's head matmul reads the whole head, so at Qwen2.5's 151,936-token
-# vocabulary 2**22 logits were chunks of 27 tokens, 0.6 GB of head read for each, and the head ran 2.8x slower on the
-# CPU (fwd + bwd) than in chunks of 1,024. A chunk of 1,024 tokens at that vocabulary is 0.6 GB of float32 logits.
+# ... but at least this many tokens. Each chunk reads the whole head, and under autograd adds into its whole gradient,
+# whatever its size: at Qwen2.5's 151,936-token vocabulary 2**22 logits were chunks of 27 tokens, about 9,700 of them
+# for 256 answers of 1,024 tokens. Liger-Kernel's fused linear cross-entropy sizes its chunks to about as many
+# logits as the input has hidden values (256 tokens in a 16k-token micro-batch at Qwen2.5-1.5B's shape), and larger
+# where speed matters. 1,024 tokens at that vocabulary are 0.6 GB of float32 logits.
 MIN_CHUNK_ROWS = 1024
 # config attributes of models whose CausalLM forward changes the logits after the head (Gemma 2/3, Cohere, Granite)
 LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
