@@ -193,3 +193,31 @@ def test_fit_sigmoid_over_samples_recovers_each_arm_and_the_difference(scaling_s
 def test_fit_sigmoid_with_too_few_points_is_one_line(compute_store):
     with pytest.raises(UserError, match=r"at least 4 points after --fit-from 200 \(run 1 of 2 has 3\)"):
         report_command(experiment="compute", x="samples", fit="sigmoid", fit_from=200)
+
+
+def test_an_override_with_spaces_is_one_override_in_tags_labels_and_identity(tmp_path, monkeypatch):
+    """``'task.config={min_terms: 2, max_terms: 3}'`` (task=gym's difficulty) is one override: the tag is shell words,
+    the arms' labels and the common overrides quote it, and a point's identity is the same from its list and tag."""
+    import shlex
+
+    from mlflow.tracking import MlflowClient
+
+    from rlx_cli.studies import study
+
+    easy, hard = "task.config={min_terms: 2, max_terms: 3}", "task.config={min_terms: 3, max_terms: 4}"
+    assert study.canonical(shlex.join(["algo=grpo", easy])) == study.canonical(["algo=grpo", easy])
+    assert study.override_tokens(shlex.join(["b=1", easy])) == ["b=1", easy]
+    assert study.override_tokens("a=1 it's") == ["a=1", "it's"]  # not shell words: split at spaces
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = client.create_experiment("gym")
+    for seed in (0, 1):
+        for config in (easy, hard):
+            overrides = shlex.join(["algo=grpo", "task=gym", config])
+            log_curve(client, exp_id, overrides, seed, [(s, 100.0 * s, 0.1 * s) for s in range(3)], seed)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    md = report_command(experiment="gym")
+    assert f"grpo {shlex.quote(easy)} " in md and f"grpo {shlex.quote(hard)} " in md
+    footer = next(line for line in md.splitlines() if "common overrides:" in line)
+    assert footer.endswith("common overrides: algo=grpo task=gym"), footer

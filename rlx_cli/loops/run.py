@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -50,7 +51,7 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
     tags = {
         "rlx.algo": str(choices["algo"]),
         "rlx.ablate": ",".join(ablations(choices)) or "none",
-        "rlx.overrides": " ".join(overrides),
+        "rlx.overrides": shlex.join(overrides),  # shell words: an override may hold spaces
         "rlx.study": os.environ.get("RLX_STUDY", ""),
         "rlx.seed": str(job.seed),
         "rlx.git_sha": git_sha(),

@@ -19,24 +19,26 @@ import pandas as pd
 from rlx_cli.config.errors import UserError
 from rlx_cli.studies import compute_axis, report_format, scaling_report, stats
 from rlx_cli.studies.runs import connect, histories, load_runs, only_seeds
-from rlx_cli.studies.study import SEED_KEY, canonical, key_of
+from rlx_cli.studies.study import OUTPUT_KEY, RESUME_KEY, SEED_KEY, key_of, override_tokens, quoted
 
 REDUCE = ("last", "max", "mean_last_k", "mean_first_k")
 FITS = ("entropy", "sigmoid")  # rlx report --fit: entropy_fit.py, scaling_report.py
 FORMATS = ("md", "csv", "tex", "html")
+IDENTITY_FREE = (SEED_KEY, OUTPUT_KEY, RESUME_KEY)  # overrides that do not make an arm
 
 
 @dataclass
 class Arm:
-    key: str  # the canonical overrides without the seed
+    tokens: list[str]  # the overrides without the seed, sorted
     algo: str
     ablate: str
     runs: list = field(default_factory=list)  # mlflow Run objects, one per seed
     label: str = ""
 
     @property
-    def tokens(self) -> list[str]:
-        return self.key.split()
+    def key(self) -> str:
+        """Its overrides as one command line's words."""
+        return " ".join(map(quoted, self.tokens))
 
 
 def group_arms(runs: list) -> list[Arm]:
@@ -44,8 +46,8 @@ def group_arms(runs: list) -> list[Arm]:
     arms: dict[str, Arm] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time):
         tags = run.data.tags
-        key = " ".join(t for t in canonical(tags["rlx.overrides"]).split() if key_of(t) != SEED_KEY)
-        arm = arms.setdefault(key, Arm(key, tags.get("rlx.algo", "?"), tags.get("rlx.ablate", "none")))
+        tokens = [t for t in sorted(override_tokens(tags["rlx.overrides"])) if key_of(t) not in IDENTITY_FREE]
+        arm = arms.setdefault("\0".join(tokens), Arm(tokens, tags.get("rlx.algo", "?"), tags.get("rlx.ablate", "none")))
         seed = tags.get("rlx.seed", "?")
         arm.runs = [r for r in arm.runs if r.data.tags.get("rlx.seed", "?") != seed] + [run]  # a re-run replaces
     return labelled(list(arms.values()))
@@ -63,7 +65,7 @@ def labelled(found: list[Arm]) -> list[Arm]:
     for arm in found:
         differing = [t for t in arm.tokens if t not in common and key_of(t) not in ("algo", "ablate")]
         ablate = [] if arm.ablate == "none" else [f"+ablate={arm.ablate}"]
-        label = " ".join([arm.algo, *ablate, *differing])
+        label = " ".join([arm.algo, *ablate, *map(quoted, differing)])
         seen[label] = seen.get(label, 0) + 1
         arm.label = label if seen[label] == 1 else f"{label} #{seen[label]}"
     return found
@@ -71,7 +73,7 @@ def labelled(found: list[Arm]) -> list[Arm]:
 
 def common_overrides(arms: list[Arm]) -> str:
     common = common_tokens(arms)
-    return " ".join(t for t in arms[0].tokens if t in common)
+    return " ".join(quoted(t) for t in arms[0].tokens if t in common)
 
 
 def default_baseline(arms: list[Arm]) -> Arm:
@@ -82,7 +84,7 @@ def default_baseline(arms: list[Arm]) -> Arm:
 def pick_arm(arms: list[Arm], name: str, option: str) -> Arm:
     """The one arm ``name`` names: its label, or overrides (and the algorithm) that single it out."""
     exact = [a for a in arms if a.label == name]
-    wanted = set(name.split())
+    wanted = set(override_tokens(name))
     matches = exact or [a for a in arms if wanted <= set(a.tokens) | {a.algo, a.label}]
     if len(matches) != 1:
         labels = "; ".join(a.label for a in arms)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,10 +40,25 @@ def key_of(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def override_tokens(tag: str) -> list[str]:
+    """A run's ``rlx.overrides`` tag -> its overrides. The tag is shell-quoted (``shlex.join``), so an override that
+    holds spaces (``'task.config={min_terms: 2, max_terms: 3}'``) stays one; a tag that does not parse as shell
+    words (one written before the quoting, with an apostrophe in a value) splits at spaces."""
+    try:
+        return shlex.split(tag)
+    except ValueError:
+        return tag.split()
+
+
+def quoted(override: str) -> str:
+    """An override as a shell would need it on a command line (quoted only when it holds whitespace)."""
+    return shlex.quote(override) if any(c.isspace() for c in override) else override
+
+
 def canonical(overrides: list[str] | str) -> str:
-    """A point's identity: its override tokens sorted, without the output folder and ``trainer.resume``."""
-    text = overrides if isinstance(overrides, str) else " ".join(overrides)
-    return " ".join(sorted(t for t in text.split() if key_of(t) not in (OUTPUT_KEY, RESUME_KEY)))
+    """A point's identity: its overrides sorted, without the output folder and ``trainer.resume``."""
+    tokens = override_tokens(overrides) if isinstance(overrides, str) else overrides
+    return " ".join(sorted(t for t in tokens if key_of(t) not in (OUTPUT_KEY, RESUME_KEY)))
 
 
 @dataclass(frozen=True)
@@ -80,7 +96,7 @@ def worker_overrides(point: Point, folder: Path) -> list[str]:
 
 def output_folder(overrides: str) -> Path | None:
     """The ``trainer.output_dir`` in a run's ``rlx.overrides`` tag."""
-    given = [t.split("=", 1)[1] for t in overrides.split() if key_of(t) == OUTPUT_KEY]
+    given = [t.split("=", 1)[1] for t in override_tokens(overrides) if key_of(t) == OUTPUT_KEY]
     return Path(given[-1]) if given else None
 
 
@@ -214,7 +230,7 @@ class Study:
             return run.info.status
         if run is None or (not touched and run.info.status == "FINISHED"):  # failed before its run existed
             tags = {
-                "rlx.algo": point.algo, "rlx.ablate": point.ablate, "rlx.overrides": " ".join(overrides),
+                "rlx.algo": point.algo, "rlx.ablate": point.ablate, "rlx.overrides": shlex.join(overrides),
                 "rlx.study": self.name, "rlx.seed": str(point.seed), "rlx.git_sha": git_sha(),
                 "mlflow.parentRunId": self.parent_id,
             }  # fmt: skip
