@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from generate_mfu import PEAK_TFLOPS  # this script's folder: the GPUs' dense bf16 peaks
+
 QWEN25 = {  # Qwen2.5's published shapes (config.json of each size)
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
@@ -43,7 +45,6 @@ RUNS = {
     "0.5b-vapo-full": ("0.5b", 2, ["algo=vapo", "model.finetune=full", "value_pretrain.steps=1"]),
     "0.5b-grpo-full": ("0.5b", 2, ["algo=grpo", "model.finetune=full"]),
 }
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense bf16, SXM
 KEYS = (
     "perf/step_s",
     "perf/generate_s",

@@ -19,12 +19,11 @@ import pandas as pd
 from rlx_cli.config.errors import UserError
 from rlx_cli.studies import compute_axis, report_format, scaling_report, stats
 from rlx_cli.studies.runs import connect, histories, load_runs, only_seeds
-from rlx_cli.studies.study import OUTPUT_KEY, RESUME_KEY, SEED_KEY, key_of, override_tokens, quoted
+from rlx_cli.studies.study import SEED_KEY, canonical_tokens, key_of, override_tokens, quoted
 
 REDUCE = ("last", "max", "mean_last_k", "mean_first_k")
 FITS = ("entropy", "sigmoid")  # rlx report --fit: entropy_fit.py, scaling_report.py
 FORMATS = ("md", "csv", "tex", "html")
-IDENTITY_FREE = (SEED_KEY, OUTPUT_KEY, RESUME_KEY)  # overrides that do not make an arm
 
 
 @dataclass
@@ -46,7 +45,7 @@ def group_arms(runs: list) -> list[Arm]:
     arms: dict[str, Arm] = {}
     for run in sorted(runs, key=lambda r: r.info.start_time):
         tags = run.data.tags
-        tokens = [t for t in sorted(override_tokens(tags["rlx.overrides"])) if key_of(t) not in IDENTITY_FREE]
+        tokens = [t for t in canonical_tokens(tags["rlx.overrides"]) if key_of(t) != SEED_KEY]
         arm = arms.setdefault("\0".join(tokens), Arm(tokens, tags.get("rlx.algo", "?"), tags.get("rlx.ablate", "none")))
         seed = tags.get("rlx.seed", "?")
         arm.runs = [r for r in arm.runs if r.data.tags.get("rlx.seed", "?") != seed] + [run]  # a re-run replaces

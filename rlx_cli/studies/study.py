@@ -55,10 +55,15 @@ def quoted(override: str) -> str:
     return shlex.quote(override) if any(c.isspace() for c in override) else override
 
 
-def canonical(overrides: list[str] | str) -> str:
-    """A point's identity: its overrides sorted, without the output folder and ``trainer.resume``."""
+def canonical_tokens(overrides: list[str] | str) -> list[str]:
+    """A point's overrides (a list, or a run's tag) sorted, without the output folder and ``trainer.resume``."""
     tokens = override_tokens(overrides) if isinstance(overrides, str) else overrides
-    return " ".join(sorted(t for t in tokens if key_of(t) not in (OUTPUT_KEY, RESUME_KEY)))
+    return sorted(t for t in tokens if key_of(t) not in (OUTPUT_KEY, RESUME_KEY))
+
+
+def canonical(overrides: list[str] | str) -> str:
+    """A point's identity: ``canonical_tokens`` as one string."""
+    return " ".join(canonical_tokens(overrides))
 
 
 @dataclass(frozen=True)
