@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from conftest import save_tiny_llama
 
+from rlx_cli.engine import microbatch
 from rlx_cli.engine.logprobs import response_logp
 from rlx_cli.engine.microbatch import MicroBatch, place, plan, split
 
@@ -14,13 +17,35 @@ def cost(rows: list[int], prompts: list[int], responses: list[int]) -> int:
     return len(rows) * (max(prompts[i] for i in rows) + max(responses[i] for i in rows))
 
 
-def test_first_fit_decreasing_by_hand():
-    # real lengths (prompt + response): 3+9=12, 2+2=4, 4+6=10, 2+1=3, 3+3=6; budget 24
-    prompts, responses = [3, 2, 4, 2, 3], [9, 2, 6, 1, 3]
-    # decreasing: row 0 (12) opens a bin; row 2 (10) with it would cost 2 x (4 + 9) = 26 > 24: a second bin;
-    # row 4 (6) fits the first: 2 x (3 + 9) = 24; row 1 (4): the first would cost 3 x 12 = 36, the second
-    # 2 x (4 + 6) = 20; row 3 (3): 36 and 3 x (4 + 6) = 30, both over: a third bin
-    assert plan(prompts, responses, 24) == [[0, 4], [2, 1], [3]]
+def test_rows_of_like_length_share_a_micro_batch_when_padding_costs_more_than_a_micro_batch(monkeypatch):
+    monkeypatch.setattr(microbatch, "MICRO_BATCH_COST", 4)
+    # two answers of 8 tokens, two of 2, prompts of 2, budget 40: all four in one micro-batch fit (4 x 10 = 40
+    # tokens) but cost 40 + 4 = 44; by length, 2 x 10 + 2 x 4 + 2 x 4 = 36; [8, 8, 2] + [2]: 30 + 4 + 8 = 42
+    assert plan([2, 2, 2, 2], [2, 8, 2, 8], 40) == [[1, 3], [0, 2]]
+    monkeypatch.setattr(microbatch, "MICRO_BATCH_COST", 40)  # now one more micro-batch costs more than the padding
+    assert plan([2, 2, 2, 2], [2, 8, 2, 8], 40) == [[1, 3, 0, 2]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_plan_costs_the_least_of_every_cut_of_the_sorted_rows(monkeypatch, seed):
+    gen = torch.Generator().manual_seed(seed)
+    monkeypatch.setattr(microbatch, "MICRO_BATCH_COST", int(torch.randint(0, 30, (1,), generator=gen)))
+    prompts = torch.randint(1, 8, (9,), generator=gen).tolist()
+    responses = torch.randint(1, 30, (9,), generator=gen).tolist()
+    budget = int(torch.randint(20, 200, (1,), generator=gen))
+    order = sorted(range(9), key=lambda i: -(prompts[i] + responses[i]))
+
+    def total(runs):  # None: a run over the budget that is not a single row
+        costs = [cost(rows, prompts, responses) for rows in runs]
+        if any(c > budget and len(rows) > 1 for c, rows in zip(costs, runs)):
+            return None
+        return sum(costs) + microbatch.MICRO_BATCH_COST * len(runs)
+
+    every = []  # all 2^8 ways to cut the sorted rows into runs, by brute force
+    for cuts in itertools.product([False, True], repeat=8):
+        bounds = [0] + [k + 1 for k, c in enumerate(cuts) if c] + [9]
+        every.append(total([order[a:b] for a, b in itertools.pairwise(bounds)]))
+    assert total(plan(prompts, responses, budget)) == min(t for t in every if t is not None)
 
 
 @pytest.mark.parametrize("budget", [1, 7, 20, 50, 1000])

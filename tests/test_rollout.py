@@ -41,3 +41,23 @@ def test_answers_cut_at_the_budget_and_a_batch_without_them():
     kept = batch.without_rows(cut)
     assert kept.response_mask.tolist() == [[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
     assert torch.equal(kept.attention_mask, batch.attention_mask)  # the row is still there, only out of the loss
+
+
+def test_prompts_are_the_tokenizers_own_left_padding_each_distinct_one_tokenized_once(monkeypatch):
+    from rlx_cli.sampling.rollout import HFSampler
+
+    tok = char_tokenizer()
+    prompts = ["12,3:", "12,3:", "4:", "4:", "7,8,9:"]
+    tok.padding_side = "left"
+    expected = tok(prompts, padding=True, return_tensors="pt")
+    calls = []
+    sampler = HFSampler(tok)
+    monkeypatch.setattr(sampler, "tokenizer", lambda texts, **kw: calls.append(texts) or tok(texts, **kw))
+    sampler.tokenizer.pad_token_id = tok.pad_token_id
+    got = sampler.encode(prompts)
+    assert calls == [["12,3:", "4:", "7,8,9:"]]
+    assert torch.equal(got["input_ids"], expected["input_ids"])
+    assert torch.equal(got["attention_mask"], expected["attention_mask"])
+    with_prefixes = sampler.encode(prompts, [[5], [], [6, 7], [5], []])  # each row's prompt, then its prefix
+    row = with_prefixes["input_ids"][2][with_prefixes["attention_mask"][2].bool()].tolist()
+    assert row == tok("4:")["input_ids"] + [6, 7] and with_prefixes["input_ids"].shape[1] == 7  # "7,8,9:": BOS + 6

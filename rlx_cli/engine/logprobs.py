@@ -63,20 +63,31 @@ class Scorer(nn.Module):
         lm = causal_lm(self.lm)
         device = batch.input_ids.device
         with autocast(self.compute_dtype, device):
-            states = lm.base_model(
-                input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
-            ).last_hidden_state
             if hidden:
-                return states
+                return lm.base_model(
+                    input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
+                ).last_hidden_state
             real = batch.response_mask.bool()
-            start = batch.prompt_len - 1  # the state before response token t predicts it
-            picked = states[:, start : start + real.shape[1]][real]  # [N, H]
+            picked = predicting_states(lm.base_model, batch)[real]  # [N, H]
             logp, entropy = head_logp(
                 picked, lm.get_output_embeddings(), batch.responses[real], temperature, with_entropy=with_entropy
             )
         rows, cols = real.nonzero(as_tuple=True)
         place = lambda x: torch.zeros(real.shape, dtype=x.dtype, device=device).index_put((rows, cols), x)  # noqa: E731
         return place(logp), (place(entropy) if with_entropy else None)
+
+
+def predicting_states(body: nn.Module, batch: Rollout) -> Tensor:
+    """The decoder ``body``'s last hidden state before each response token, the one that predicts it -> [B, T, H].
+    The last response token predicts nothing, so it is not run; nor is a key-value cache kept."""
+    width = batch.prompt_len + batch.responses.shape[1] - 1
+    states = body(
+        input_ids=batch.input_ids[:, :width],
+        attention_mask=batch.attention_mask[:, :width],
+        position_ids=batch.position_ids[:, :width],
+        use_cache=False,
+    ).last_hidden_state
+    return states[:, batch.prompt_len - 1 :]
 
 
 def head_logp(hidden: Tensor, head: nn.Module, targets: Tensor, temperature: float, *, with_entropy: bool = False):

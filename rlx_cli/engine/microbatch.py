@@ -1,8 +1,12 @@
 """Micro-batches under one token budget, ``trainer.micro_batch_tokens``, for every forward and backward of a step.
 
 A micro-batch holds at most ``budget`` tokens counted as rows × its own width (the longest real prompt plus the
-longest real response among its rows): rows are packed first-fit in decreasing order of real length, a strict cap;
-a row longer than the budget alone gets a micro-batch of its own. Each micro-batch is trimmed: prompt columns that
+longest real response among its rows), a strict cap; a row longer than the budget alone gets a micro-batch of its
+own. Within the cap the rows are cut to cost least: in decreasing order of real length, into runs that minimise the
+tokens computed (real and padding) plus ``MICRO_BATCH_COST`` tokens for each micro-batch (``plan``). Padding is
+computed like any token, so one full-width micro-batch of answers from 1 to 48 tokens did 40% more work than
+length-sorted ones; each micro-batch also costs a fixed number of kernel launches, which ``MICRO_BATCH_COST``
+prices. Each micro-batch is trimmed: prompt columns that
 are padding in every row (on the left) and response columns that are padding in every row (on the right) are
 dropped; positions come from the attention mask, so log-probs and values do not change. ``MicroBatch.rows`` keeps
 each row's index in the batch, so results go back to their rows (``place``).
@@ -16,10 +20,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from rlx_cli.engine.batch import Rollout
+
+# What one more micro-batch costs, in tokens: its forward and backward launch the same kernels whatever their size.
+# Measured on the tiny default (2 CPU threads): about 11 µs a token and 2 ms a micro-batch, ~180 tokens; a 1.5B
+# model on an H100 spends about 20 µs of arithmetic a token against some 2,500 launches of ~5 µs, ~600 tokens.
+MICRO_BATCH_COST = 256
 
 
 @dataclass
@@ -42,19 +52,30 @@ class MicroBatch:
 
 
 def plan(prompt_lengths: list[int], response_lengths: list[int], budget: int) -> list[list[int]]:
-    """Row indices per micro-batch: first-fit decreasing on real length, each holding at most ``budget`` tokens
-    (rows × (longest prompt + longest response)); a row over the budget alone gets one of its own."""
-    order = sorted(range(len(prompt_lengths)), key=lambda i: -(prompt_lengths[i] + response_lengths[i]))
-    bins: list[tuple[list[int], int, int]] = []  # (rows, longest prompt, longest response)
-    for i in order:
-        p, r = prompt_lengths[i], response_lengths[i]
-        for k, (rows, bp, br) in enumerate(bins):
-            if (len(rows) + 1) * (max(bp, p) + max(br, r)) <= budget:
-                bins[k] = ([*rows, i], max(bp, p), max(br, r))
-                break
-        else:
-            bins.append(([i], p, r))
-    return [rows for rows, _, _ in bins]
+    """Row indices per micro-batch, each holding at most ``budget`` tokens (rows × (longest prompt + longest
+    response)), a row over the budget alone in its own: the rows in decreasing order of real length, cut into the
+    runs of least total cost, a run's cost its tokens plus ``MICRO_BATCH_COST``.
+
+    Dynamic programming over the sorted rows: ``best[k]`` the least cost of the first k, from every run that can
+    end the k-th (at most budget / its real length rows, each row at least as long as it).
+    """
+    order = sorted(range(len(prompt_lengths)), key=lambda i: (-(prompt_lengths[i] + response_lengths[i]), i))
+    prompts, responses = np.asarray(prompt_lengths)[order], np.asarray(response_lengths)[order]
+    best, run_start = np.zeros(len(order) + 1), np.zeros(len(order) + 1, dtype=np.int64)
+    for end in range(1, len(order) + 1):
+        start = max(0, end - max(1, budget // int(prompts[end - 1] + responses[end - 1])))
+        # the runs [end - 1, end), [end - 2, end), ... [start, end): their widths and tokens
+        width = np.maximum.accumulate(prompts[start:end][::-1]) + np.maximum.accumulate(responses[start:end][::-1])
+        tokens = width * np.arange(1, end - start + 1)
+        cost = best[start:end][::-1] + tokens + MICRO_BATCH_COST
+        cost[1:][tokens[1:] > budget] = np.inf  # one row is always allowed
+        chosen = int(cost.argmin())  # the run of chosen + 1 rows
+        best[end], run_start[end] = cost[chosen], end - 1 - chosen
+    runs, end = [], len(order)
+    while end:
+        runs.append(order[run_start[end] : end])
+        end = int(run_start[end])
+    return runs[::-1]
 
 
 def split(batch: Rollout, budget: int) -> list[MicroBatch]:

@@ -263,12 +263,13 @@ class SharedCritic(nn.Module):
 
 @contextmanager
 def evaluating(*modules: nn.Module):
-    """Eval mode (no dropout) inside, the previous modes restored after."""
-    modes = [m.training for m in modules]
-    for m in modules:
+    """Eval mode (no dropout) inside, the previous modes restored after; a module already in eval mode is left
+    alone (setting a mode walks every submodule: about 1 ms a call on the tiny default, twice a sampling)."""
+    training = [m for m in modules if m.training]
+    for m in training:
         m.eval()
     try:
         yield
     finally:
-        for m, mode in zip(modules, modes):
-            m.train(mode)
+        for m in training:
+            m.train()

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,6 +20,10 @@ from rlx_cli.config.compose import flat
 from rlx_cli.config.errors import UserError
 
 DEFAULT_URI = "sqlite:///mlflow.db"
+# Metrics go to the store in one batch at most this often: the store's work is mostly per batch and per metric key
+# (its latest value), so one batch of ten steps cost 39 ms against 109 ms for ten of one step (50 metrics, SQLite),
+# time that MLflow's logging thread took from the training loop (it holds Python's lock).
+WRITE_EVERY_S = 2.0
 
 
 def tracking_uri() -> str:
@@ -65,6 +70,8 @@ class MlflowTracker:
         self.experiment, self.run_name = experiment, run_name
         self.run_id: str | None = None
         self.stored: dict[str, set[int]] = {}  # a resumed run's metric steps already in the store
+        self.pending: list = []  # metrics logged since the last hand-over to MLflow (mlflow.entities.Metric)
+        self.handed_over = time.monotonic()
 
     def connect(self) -> None:
         """Open the store and the experiment; an unusable URI is the user's error, reported within seconds."""
@@ -113,14 +120,27 @@ class MlflowTracker:
             mlflow.log_artifact(str(path))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Queued and written by MLflow's logging thread in batches, off the training loop; ``end`` flushes it."""
+        """Kept, then handed to MLflow's logging thread in one batch every ``WRITE_EVERY_S`` seconds, which writes
+        it off the training loop; ``flush`` and ``end`` hand over the rest."""
+        from mlflow.entities import Metric
+
         if self.stored:
             metrics = {k: v for k, v in metrics.items() if step not in self.stored.get(k, ())}
-        if metrics:
-            self.mlflow.log_metrics(metrics, step=step, synchronous=False)
+        now = int(time.time() * 1000)
+        self.pending += [Metric(key, float(value), now, step) for key, value in metrics.items()]
+        if time.monotonic() - self.handed_over >= WRITE_EVERY_S:
+            self.hand_over()
+
+    def hand_over(self) -> None:
+        """The kept metrics to MLflow's logging thread, in batches of at most MLflow's 1,000."""
+        client = self.mlflow.MlflowClient()
+        for start in range(0, len(self.pending), 1000):
+            client.log_batch(self.run_id, metrics=self.pending[start : start + 1000], synchronous=False)
+        self.pending, self.handed_over = [], time.monotonic()
 
     def flush(self) -> None:
-        """Block until every queued metric is in the store (before a checkpoint: a resume relies on it)."""
+        """Block until every metric logged so far is in the store (before a checkpoint: a resume relies on it)."""
+        self.hand_over()
         self.mlflow.flush_async_logging()
 
     def log_artifact(self, path: Path) -> None:
@@ -137,6 +157,7 @@ class MlflowTracker:
         started) ends KILLED: MLflow's own exit hook, which runs after this one, would end it FINISHED, and a
         study would then take a half-done run for a finished one."""
         if self.mlflow.active_run() is not None:
+            self.hand_over()  # the metrics of the steps it did
             self.mlflow.end_run(status="KILLED")
 
 

@@ -32,15 +32,18 @@ class HFSampler:
 
     def encode(self, prompts: list[str], prefixes: list[list[int]] | None = None):
         """Rendered, tokenized, left-padded prompts: ``input_ids`` and ``attention_mask`` [B, P]; with ``prefixes``
-        each prompt's tokens followed by its prefix's token ids (the start of a response to continue)."""
-        self.tokenizer.padding_side = "left"
-        # a chat template writes its own special tokens
-        texts, special = [self.render(p) for p in prompts], not self.chat_template
-        if prefixes is None:
-            return self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=special)
-        ids = self.tokenizer(texts, add_special_tokens=special)["input_ids"]
-        joined = [list(p) + list(x) for p, x in zip(ids, prefixes)]
-        return self.tokenizer.pad({"input_ids": joined}, padding=True, return_tensors="pt")
+        each prompt's tokens followed by its prefix's token ids (the start of a response to continue).
+
+        Each distinct prompt is rendered and tokenized once, and padded here: the loop passes a group's prompt
+        ``group_size`` times (the default's 128 prompts: 0.7 ms against 2.3 ms for the tokenizer's own padding)."""
+        distinct = list(dict.fromkeys(prompts))
+        texts = [self.render(p) for p in distinct]
+        special = not self.chat_template  # a chat template writes its own special tokens
+        tokens = dict(zip(distinct, self.tokenizer(texts, add_special_tokens=special)["input_ids"]))
+        rows = [list(tokens[p]) for p in prompts]
+        if prefixes is not None:
+            rows = [row + list(prefix) for row, prefix in zip(rows, prefixes)]
+        return left_padded(rows, self.tokenizer.pad_token_id)
 
     def generate(self, model, prompts: list[str], *, temperature: float, max_new_tokens: int, prefixes=None) -> Rollout:
         """Responses to ``prompts``, ``rows`` at a time, as one batch. ``prefixes``: for each prompt the token ids
@@ -106,6 +109,17 @@ class SampledLogp:
         if not steps:
             return torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
         return torch.stack(steps[: responses.shape[1]], dim=1)
+
+
+def left_padded(rows: list[list[int]], pad_id: int):
+    """Token id lists as ``input_ids`` and ``attention_mask`` [B, P] (a ``BatchEncoding``), padded on the left to
+    the longest."""
+    from transformers import BatchEncoding
+
+    width = max(map(len, rows))
+    ids = [[pad_id] * (width - len(row)) + row for row in rows]
+    mask = [[0] * (width - len(row)) + [1] * len(row) for row in rows]
+    return BatchEncoding({"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)})
 
 
 def assemble(tokenizer, enc, responses: torch.Tensor, sampler_logp: torch.Tensor | None = None) -> Rollout:
