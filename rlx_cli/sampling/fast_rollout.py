@@ -25,7 +25,6 @@ directory's ``generation_config.json`` (repetition penalty, ``min_new_tokens``, 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -91,7 +90,7 @@ class Sampling:
 
 @dataclass(frozen=True)
 class Fused:
-    """One decoder layer's weights as ``fused_step`` uses them: the query, key and value projections stacked into
+    """One decoder layer's weights as ``fused_layer`` uses them: the query, key and value projections stacked into
     ``qkv`` [(heads + 2 kv_heads) D, H] (and its bias, Qwen2's), the MLP's gate and up into ``gate_up`` [2 I, H];
     the rest the layer's own tensors, read once instead of through its modules at every token."""
 
@@ -110,9 +109,9 @@ class Fused:
 
 
 def fused_layers(lm: nn.Module) -> list[Fused] | None:
-    """Each layer's ``Fused`` weights, or None where a projection is not a plain bias-free-or-biased ``nn.Linear``
-    as Llama's and Qwen2's are (a LoRA wrapper), the activation is not SiLU, or the stacked copies would take more
-    than ``FUSED_BYTES``."""
+    """Each layer's ``Fused`` weights, or None where a projection is not a plain ``nn.Linear`` (a LoRA wrapper), the
+    biases are not Llama's or Qwen2's (all or none of q, k, v; none on the MLP), the activation is not SiLU, the two
+    norms' epsilons differ, or the stacked copies would take more than ``FUSED_BYTES``."""
     fused, copied = [], 0
     for layer in lm.model.layers:
         attention, mlp = layer.self_attn, layer.mlp
@@ -123,10 +122,12 @@ def fused_layers(lm: nn.Module) -> list[Fused] | None:
         biases = [p.bias for p in (q, k, v)]
         if len({b is None for b in biases}) > 1 or any(p.bias is not None for p in linears[4:]):
             return None
+        eps = layer.input_layernorm.variance_epsilon
+        if layer.post_attention_layernorm.variance_epsilon != eps:  # Fused holds one
+            return None
         copied += sum(p.weight.numel() * p.weight.element_size() for p in (q, k, v, mlp.gate_proj, mlp.up_proj))
         if copied > FUSED_BYTES:
             return None
-        eps = layer.input_layernorm.variance_epsilon
         fused.append(
             Fused(
                 input_norm=layer.input_layernorm.weight,
@@ -137,13 +138,13 @@ def fused_layers(lm: nn.Module) -> list[Fused] | None:
                 post_norm=layer.post_attention_layernorm.weight,
                 gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
                 down=mlp.down_proj.weight,
-                eps=eps if eps == layer.post_attention_layernorm.variance_epsilon else math.nan,
+                eps=eps,
                 heads=q.out_features // attention.head_dim,
                 kv_heads=k.out_features // attention.head_dim,
                 scale=attention.scaling,
             )
         )
-    return None if any(math.isnan(f.eps) for f in fused) else fused
+    return fused
 
 
 @dataclass
@@ -209,7 +210,7 @@ def decode(lm: nn.Module, ids: Tensor, mask: Tensor, sampling: Sampling, max_new
         if still < len(going):
             order = cache.keep(going)
             live, tokens = live[order], tokens[order]
-        logits = step(lm, tokens, cache) if fused is None else fused_step(lm, tokens, cache, fused)
+        logits = step(lm, tokens, cache, fused)
     return responses[:, : t + 1], logp[:, : t + 1]
 
 
@@ -245,14 +246,17 @@ def prefill(lm: nn.Module, ids: Tensor, mask: Tensor, run: Tensor, width: int) -
     return head(lm, x[:, -1]), cache
 
 
-def step(lm: nn.Module, tokens: Tensor, cache: Cache) -> Tensor:
-    """The next token of every live row, ``tokens`` [b], through the model -> logits [b, V] float32; its keys and
-    values join ``cache``."""
+def step(lm: nn.Module, tokens: Tensor, cache: Cache, fused: list[Fused] | None = None) -> Tensor:
+    """The next token of every live row, ``tokens`` [b], through the model (``fused``: its layers' ``Fused``
+    weights, run by ``fused_layer``) -> logits [b, V] float32; its keys and values join ``cache``."""
     b, at = cache.rows, cache.positions[: cache.rows]
     x = lm.model.embed_tokens(tokens[:, None])  # [b, 1, H]
     angles = cache.cos[at][:, None, None], cache.sin[at][:, None, None]  # [b, 1, 1, D]
     bias = cache.bias[:b, None, None, : cache.length + 1]  # [b, 1, 1, n + 1]
     for i, layer in enumerate(lm.model.layers):
+        if fused is not None:
+            x = fused_layer(fused[i], i, x, cache, angles, bias)
+            continue
         query, key, value = project(layer.self_attn, norm(layer.input_layernorm, x), angles)
         key, value = cache.layer(i, key, value)
         x = finish(layer, x, attend(layer.self_attn, query, key, value, bias))
@@ -261,29 +265,22 @@ def step(lm: nn.Module, tokens: Tensor, cache: Cache) -> Tensor:
     return head(lm, x[:, -1])
 
 
-def fused_step(lm: nn.Module, tokens: Tensor, cache: Cache, fused: list[Fused]) -> Tensor:
-    """``step`` on the layers' ``Fused`` weights: per layer one matmul for query, key and value (the query's and
-    key's heads rotated together), one for the MLP's gate and up, and no module calls."""
-    b, at = cache.rows, cache.positions[: cache.rows]
-    x = lm.model.embed_tokens(tokens[:, None])  # [b, 1, H]
-    cos, sin = cache.cos[at][:, None, None], cache.sin[at][:, None, None]  # [b, 1, 1, D]
-    bias = cache.bias[:b, None, None, : cache.length + 1]  # [b, 1, 1, n + 1]
-    for i, f in enumerate(fused):
-        out = linear(weighted_norm(x, f.input_norm, f.eps), f.qkv, f.qkv_bias).view(b, 1, f.heads + 2 * f.kv_heads, -1)
-        rotated = rope(out[:, :, : f.heads + f.kv_heads], cos, sin)  # [b, 1, heads + kv_heads, D]
-        key, value = cache.layer(
-            i, rotated[:, :, f.heads :].transpose(1, 2), out[:, :, f.heads + f.kv_heads :].transpose(1, 2)
-        )
-        query = rotated[:, :, : f.heads].transpose(1, 2)
-        attended = scaled_dot_product_attention(
-            query, key, value, attn_mask=bias, scale=f.scale, enable_gqa=f.heads != f.kv_heads
-        )
-        x = x + linear(attended.transpose(1, 2).reshape(b, 1, -1), f.out, f.out_bias)
-        gate, up = linear(weighted_norm(x, f.post_norm, f.eps), f.gate_up).chunk(2, -1)
-        x = x + linear(silu(gate) * up, f.down)
-    cache.length += 1
-    cache.positions += 1
-    return head(lm, x[:, -1])
+def fused_layer(f: Fused, i: int, x: Tensor, cache: Cache, angles: tuple[Tensor, Tensor], bias: Tensor) -> Tensor:
+    """Decoder layer ``i`` of ``step`` on its ``Fused`` weights, ``x`` [b, 1, H] -> [b, 1, H]: one matmul for query,
+    key and value (the query's and key's heads rotated together), one for the MLP's gate and up, no module calls."""
+    b = x.shape[0]
+    out = linear(weighted_norm(x, f.input_norm, f.eps), f.qkv, f.qkv_bias).view(b, 1, f.heads + 2 * f.kv_heads, -1)
+    rotated = rope(out[:, :, : f.heads + f.kv_heads], *angles)  # [b, 1, heads + kv_heads, D]
+    key, value = cache.layer(
+        i, rotated[:, :, f.heads :].transpose(1, 2), out[:, :, f.heads + f.kv_heads :].transpose(1, 2)
+    )
+    query = rotated[:, :, : f.heads].transpose(1, 2)
+    attended = scaled_dot_product_attention(
+        query, key, value, attn_mask=bias, scale=f.scale, enable_gqa=f.heads != f.kv_heads
+    )
+    x = x + linear(attended.transpose(1, 2).reshape(b, 1, -1), f.out, f.out_bias)
+    gate, up = linear(weighted_norm(x, f.post_norm, f.eps), f.gate_up).chunk(2, -1)
+    return x + linear(silu(gate) * up, f.down)
 
 
 def rotary_table(lm: nn.Module, x: Tensor, width: int) -> tuple[Tensor, Tensor]:
