@@ -11,7 +11,7 @@ import torch
 from conftest import save_tiny_llama
 from torch import nn
 
-from rlx_cli.engine import logprobs
+from rlx_cli.engine import decoder, logprobs
 from rlx_cli.engine.batch import Rollout
 from rlx_cli.sampling.rollout import HFSampler
 
@@ -56,19 +56,47 @@ def test_chunked_path_equals_the_full_logits(tmp_path, monkeypatch, tie, lora):
     monkeypatch.setattr(logprobs, "LOGITS_PER_CHUNK", 3 * 20)  # 3 tokens a chunk: several chunks, recomputed
     monkeypatch.setattr(logprobs, "MIN_CHUNK_ROWS", 1)
     model, batch = model_and_batch(tmp_path, tie=tie, lora=lora)
+    assert decoder.trains(logprobs.causal_lm(model))  # rlx's own forward (engine/decoder.py) against the model's
+    assert batch.response_mask.sum() > 3 * 4  # more tokens than one chunk holds
+    compare_grads(model, batch, 0.7)
+
+
+def compare_grads(model, batch: Rollout, temperature: float) -> None:
+    """``response_logp``'s log-probs, entropies and gradients equal ``plain_logp``'s."""
     trainable = [p for p in model.parameters() if p.requires_grad]
     weights = torch.randn(2, *batch.response_mask.shape, generator=torch.Generator().manual_seed(3))
     results = []
     for path in (plain_logp, lambda m, b, t: logprobs.response_logp(m, b, t, with_entropy=True)):
-        logp, entropy = path(model, batch, 0.7)
+        logp, entropy = path(model, batch, temperature)
         loss = (weights[0] * logp).sum() + (weights[1] * entropy).sum()
         results.append((logp.detach(), entropy.detach(), torch.autograd.grad(loss, trainable)))
     (logp_a, ent_a, grads_a), (logp_b, ent_b, grads_b) = results
-    assert batch.response_mask.sum() > 3 * 4  # more tokens than one chunk holds
     assert torch.allclose(logp_a, logp_b, rtol=1e-5, atol=1e-6)
     assert torch.allclose(ent_a, ent_b, rtol=1e-5, atol=1e-6)
     for a, b in zip(grads_a, grads_b):
         assert (a - b).abs().max() <= 1e-5 * a.abs().max() + 1e-7
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["own-forward", "checkpointed"])
+def test_a_qwen2_trains_through_rlxs_forward_as_through_its_own(checkpointing):
+    """A Qwen2 (grouped-query attention, biased projections), prompts of different lengths: rlx's forward, whose last
+    layer skips the prompt's positions, gives its own forward's log-probs and gradients; with activation
+    checkpointing (transformers recomputes its layers) the model's own forward runs."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from rlx_cli.engine.base_model import char_tokenizer
+    from rlx_cli.engine.models import training_mode
+
+    tok = char_tokenizer()
+    special = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    arch = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, head_dim=16)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=20, num_key_value_heads=2, **arch, **special))
+    batch = HFSampler(tok).generate(model, ["1,2:", "3,4,5,6:", "7:"], temperature=1.0, max_new_tokens=8)
+    training_mode(model, checkpointing=checkpointing)
+    assert decoder.trains(model) is not checkpointing
+    assert batch.attention_mask[:, : batch.prompt_len].eq(0).any()  # left padding in the prompts
+    compare_grads(model, batch, 0.7)
 
 
 def test_padding_rows_and_no_token_at_all(tmp_path):

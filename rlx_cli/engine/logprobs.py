@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from rlx_cli.engine import decoder
 from rlx_cli.engine.batch import Rollout
 from rlx_cli.engine.precision import autocast
 
@@ -68,7 +69,7 @@ class Scorer(nn.Module):
                     input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
                 ).last_hidden_state
             real = batch.response_mask.bool()
-            picked = predicting_states(lm.base_model, batch)[real]  # [N, H]
+            picked = predicting_states(lm, batch)[real]  # [N, H]
             logp, entropy = head_logp(
                 picked, lm.get_output_embeddings(), batch.responses[real], temperature, with_entropy=with_entropy
             )
@@ -77,17 +78,17 @@ class Scorer(nn.Module):
         return place(logp), (place(entropy) if with_entropy else None)
 
 
-def predicting_states(body: nn.Module, batch: Rollout) -> Tensor:
-    """The decoder ``body``'s last hidden state before each response token, the one that predicts it -> [B, T, H].
-    The last response token predicts nothing, so it is not run; nor is a key-value cache kept."""
+def predicting_states(lm: nn.Module, batch: Rollout) -> Tensor:
+    """Causal LM ``lm``'s last hidden state before each response token, the one that predicts it -> [B, T, H].
+    The last response token predicts nothing, so it is not run; nor is a key-value cache kept. A model that
+    ``decoder.forward`` computes runs through it (whose last layer skips the prompt's positions), any other through
+    its own forward."""
     width = batch.prompt_len + batch.responses.shape[1] - 1
-    states = body(
-        input_ids=batch.input_ids[:, :width],
-        attention_mask=batch.attention_mask[:, :width],
-        position_ids=batch.position_ids[:, :width],
-        use_cache=False,
-    ).last_hidden_state
-    return states[:, batch.prompt_len - 1 :]
+    ids, mask, positions = (x[:, :width] for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
+    if decoder.trains(lm):
+        return decoder.forward(lm, ids, mask, positions, batch.prompt_len - 1)[0]
+    states = lm.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    return states.last_hidden_state[:, batch.prompt_len - 1 :]
 
 
 def head_logp(hidden: Tensor, head: nn.Module, targets: Tensor, temperature: float, *, with_entropy: bool = False):

@@ -1,12 +1,13 @@
 """``rollout=fast``: rlx's own decode loop over the policy's Hugging Face modules, in place of ``generate``.
 
 The same prompts give the same Rollout as ``HFSampler`` (whose ``render`` and ``encode`` it inherits), for Llama- and
-Qwen2-style causal LMs, LoRA-wrapped or not. What it does that ``generate`` does not:
+Qwen2-style causal LMs, LoRA-wrapped or not; the layer's math is ``engine/decoder.py``'s, which the training forward
+shares. What it does that ``generate`` does not:
 
 - a group's prompt runs once: the loop passes each prompt ``group_size`` times in a row, the prefill runs over the
   distinct rows only, and their keys and values are copied to every row of the run;
-- keys and values go into a cache allocated once per chunk at its full width (prompt + ``max_new_tokens``) and
-  written in place, not concatenated at every token;
+- keys and values go into one cache allocated once per chunk at its full width (prompt + ``max_new_tokens``) and
+  written in place, not concatenated at every token (in a small model a layer's rotated key and value in one copy);
 - a row that emits EOS leaves the batch: its cache rows are overwritten by live ones, so later tokens cost only
   the live rows;
 - a decode step is the least work that gives ``generate``'s numbers: the layers' own projections and MLP (LoRA's
@@ -29,17 +30,17 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.nn.functional import linear, rms_norm, scaled_dot_product_attention, silu
+from torch.nn.functional import linear, scaled_dot_product_attention, silu
 from transformers.activations import SiLUActivation
 
 from rlx_cli.config.errors import UserError
+from rlx_cli.engine import decoder
 from rlx_cli.engine.batch import position_ids
+from rlx_cli.engine.decoder import attend, finish, norm, project, rope, weighted_norm
 from rlx_cli.engine.logprobs import causal_lm
 from rlx_cli.engine.models import evaluating
 from rlx_cli.sampling.rollout import HFSampler, assemble
 
-ARCHITECTURES = ("llama", "qwen2")  # decoder layers this loop computes as transformers does
-LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")  # angles that change with the sequence's length: no fixed table
 FUSED_BYTES = 64 * 2**20  # fused copies of the projections up to this size (a 0.5B model's would take ~0.5 GB)
 
 
@@ -66,18 +67,11 @@ class FastSampler(HFSampler):
 def check_architecture(model: nn.Module) -> None:
     """A UserError unless ``model``'s decoder layers are ones ``decode`` computes: Llama or Qwen2, full attention,
     rotary angles that depend on the position only."""
-    lm = causal_lm(model)
-    what = lm.config.model_type
-    if what in ARCHITECTURES:
-        rope = lm.model.rotary_emb.rope_type
-        if any(getattr(layer.self_attn, "sliding_window", None) for layer in lm.model.layers):
-            what += " with sliding-window attention"
-        elif any(kind in rope for kind in LENGTH_DEPENDENT_ROPE):
-            what += f" with {rope} rotary scaling"
-    if what not in ARCHITECTURES:
+    what = decoder.unsupported(causal_lm(model))
+    if what is not None:
         raise UserError(
-            f"rollout=fast computes {' and '.join(ARCHITECTURES)} decoder layers (full attention, fixed rotary "
-            f"angles), not {what} (valid: rollout=hf for this model)"
+            f"rollout=fast computes {' and '.join(decoder.ARCHITECTURES)} decoder layers (full attention, fixed "
+            f"rotary angles), not {what} (valid: rollout=hf for this model)"
         )
 
 
@@ -149,16 +143,15 @@ def fused_layers(lm: nn.Module) -> list[Fused] | None:
 
 @dataclass
 class Cache:
-    """Every layer's keys and values, ``keys`` and ``values`` [layers, B, kv_heads, width, head_dim], of which the
-    first ``rows`` rows are live and the first ``length`` columns filled.
+    """Every layer's keys and values, ``kv`` [layers, B, 2 kv_heads, width, head_dim] (a row's keys, then its
+    values), of which the first ``rows`` rows are live and the first ``length`` columns filled.
 
     ``bias`` [B, width]: the additive attention mask, -inf on the prompts' left padding, 0 elsewhere; ``positions``
     [B]: the position of each row's next token; ``cos``, ``sin`` [width, head_dim]: the rotary table by position,
     ``sin`` with its first half negated (``rope``).
     """
 
-    keys: Tensor
-    values: Tensor
+    kv: Tensor
     bias: Tensor
     positions: Tensor
     cos: Tensor
@@ -173,20 +166,18 @@ class Cache:
         kept, n = int(going.sum()), self.length
         order = torch.arange(self.rows, device=going.device)
         holes, movers = (~going[:kept]).nonzero().squeeze(1), going[kept:].nonzero().squeeze(1) + kept
-        for x in (self.keys, self.values):
-            x[:, holes, :, :n] = x[:, movers, :, :n]
+        self.kv[:, holes, :, :n] = self.kv[:, movers, :, :n]
         for x in (self.bias, self.positions, order):
             x[holes] = x[movers]
         self.rows = kept
         return order[:kept]
 
-    def layer(self, i: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
-        """One token's ``key``, ``value`` [rows, kv_heads, 1, head_dim] into column ``length`` of layer ``i`` -> the
-        layer's keys and values up to it, [rows, kv_heads, length + 1, head_dim]."""
-        n, b = self.length, self.rows
-        self.keys[i, :b, :, n : n + 1] = key
-        self.values[i, :b, :, n : n + 1] = value
-        return self.keys[i, :b, :, : n + 1], self.values[i, :b, :, : n + 1]
+    def layer(self, i: int, key_value: Tensor) -> tuple[Tensor, Tensor]:
+        """One token's keys and values ``key_value`` [rows, 2 kv_heads, head_dim] into column ``length`` of layer
+        ``i`` -> the layer's keys and values up to it, [rows, kv_heads, length + 1, head_dim] each."""
+        n, b, heads = self.length, self.rows, self.kv.shape[2] // 2
+        self.kv[i, :b, :, n] = key_value
+        return self.kv[i, :b, :heads, : n + 1], self.kv[i, :b, heads:, : n + 1]
 
 
 def decode(lm: nn.Module, ids: Tensor, mask: Tensor, sampling: Sampling, max_new_tokens: int, tokenizer):
@@ -197,12 +188,11 @@ def decode(lm: nn.Module, ids: Tensor, mask: Tensor, sampling: Sampling, max_new
     fused = fused_layers(lm)
     logits = logits[run]
     eos = tokenizer.eos_token_id
-    responses = ids.new_full((ids.shape[0], max_new_tokens), tokenizer.pad_token_id)
-    logp = torch.zeros(responses.shape, dtype=torch.float32, device=ids.device)
     live = torch.arange(ids.shape[0], device=ids.device)  # the row of each live cache row
+    drawn = []  # each step's (live rows, their tokens, their log-probs): written into the answers at the end
     for t in range(max_new_tokens):
         tokens, token_logp = pick(logits, sampling)
-        responses[live, t], logp[live, t] = tokens, token_logp
+        drawn.append((live, tokens, token_logp))
         going = tokens != eos
         still = int(going.sum())
         if t == max_new_tokens - 1 or not still:
@@ -211,7 +201,13 @@ def decode(lm: nn.Module, ids: Tensor, mask: Tensor, sampling: Sampling, max_new
             order = cache.keep(going)
             live, tokens = live[order], tokens[order]
         logits = step(lm, tokens, cache, fused)
-    return responses[:, : t + 1], logp[:, : t + 1]
+    rows, tokens, token_logp = (torch.cat(x) for x in zip(*drawn))
+    steps = torch.arange(len(drawn), device=ids.device).repeat_interleave(
+        torch.tensor([len(d[0]) for d in drawn], device=ids.device)
+    )
+    responses = ids.new_full((ids.shape[0], len(drawn)), tokenizer.pad_token_id).index_put_((rows, steps), tokens)
+    logp = torch.zeros(responses.shape, dtype=torch.float32, device=ids.device).index_put_((rows, steps), token_logp)
+    return responses, logp
 
 
 def runs(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -225,25 +221,13 @@ def runs(ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 def prefill(lm: nn.Module, ids: Tensor, mask: Tensor, run: Tensor, width: int) -> tuple[Tensor, Cache]:
     """Distinct prompts ``ids``, ``mask`` [G, P] through the model -> (the last position's logits [G, V] float32,
     the Cache of their ``run`` [B] rows: each row its prompt's keys and values, ``width`` columns in all)."""
-    length, real, device = ids.shape[1], mask.bool(), ids.device
-    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    # [G, 1, P, P]; a padding position sees itself, so that no softmax row is empty
-    visible = (causal & real[:, None, None, :]) | torch.eye(length, dtype=torch.bool, device=device)
-    x = lm.model.embed_tokens(ids)
-    cos, sin = rotary_table(lm, x, width)
-    at = position_ids(mask)
-    angles = cos[at].unsqueeze(1), sin[at].unsqueeze(1)  # [G, 1, P, D]
-    keys, values = [], []
-    for layer in lm.model.layers:
-        query, key, value = project(layer.self_attn, norm(layer.input_layernorm, x), angles)
-        keys.append(key)
-        values.append(value)
-        x = finish(layer, x, attend(layer.self_attn, query, key, value, visible))
-    bias = torch.zeros(real.shape[0], width, dtype=keys[0].dtype, device=device)
-    bias[:, :length].masked_fill_(~real, float("-inf"))
-    cached = widened(keys, run, width), widened(values, run, width)
-    cache = Cache(*cached, bias[run], mask.sum(1)[run], cos, sin, rows=len(run), length=length)
-    return head(lm, x[:, -1]), cache
+    length, kv = ids.shape[1], []
+    states, (cos, sin) = decoder.forward(lm, ids, mask, position_ids(mask), 0, width=width, kv=kv)
+    bias = torch.zeros(ids.shape[0], width, dtype=states.dtype, device=ids.device)
+    bias[:, :length].masked_fill_(~mask.bool(), float("-inf"))
+    cached = widened([torch.cat(pair, 1) for pair in kv], run, width)
+    cache = Cache(cached, bias[run], mask.sum(1)[run], cos, sin, rows=len(run), length=length)
+    return lm.lm_head(states[:, -1]).float(), cache
 
 
 def step(lm: nn.Module, tokens: Tensor, cache: Cache, fused: list[Fused] | None = None) -> Tensor:
@@ -258,7 +242,7 @@ def step(lm: nn.Module, tokens: Tensor, cache: Cache, fused: list[Fused] | None 
             x = fused_layer(fused[i], i, x, cache, angles, bias)
             continue
         query, key, value = project(layer.self_attn, norm(layer.input_layernorm, x), angles)
-        key, value = cache.layer(i, key, value)
+        key, value = cache.layer(i, torch.cat([key, value], 1)[:, :, 0])
         x = finish(layer, x, attend(layer.self_attn, query, key, value, bias))
     cache.length += 1
     cache.positions += 1
@@ -268,67 +252,17 @@ def step(lm: nn.Module, tokens: Tensor, cache: Cache, fused: list[Fused] | None 
 def fused_layer(f: Fused, i: int, x: Tensor, cache: Cache, angles: tuple[Tensor, Tensor], bias: Tensor) -> Tensor:
     """Decoder layer ``i`` of ``step`` on its ``Fused`` weights, ``x`` [b, 1, H] -> [b, 1, H]: one matmul for query,
     key and value (the query's and key's heads rotated together), one for the MLP's gate and up, no module calls."""
-    b = x.shape[0]
-    out = linear(weighted_norm(x, f.input_norm, f.eps), f.qkv, f.qkv_bias).view(b, 1, f.heads + 2 * f.kv_heads, -1)
-    rotated = rope(out[:, :, : f.heads + f.kv_heads], *angles)  # [b, 1, heads + kv_heads, D]
-    key, value = cache.layer(
-        i, rotated[:, :, f.heads :].transpose(1, 2), out[:, :, f.heads + f.kv_heads :].transpose(1, 2)
-    )
-    query = rotated[:, :, : f.heads].transpose(1, 2)
+    b, rotating = x.shape[0], f.heads + f.kv_heads
+    out = linear(weighted_norm(x, f.input_norm, f.eps), f.qkv, f.qkv_bias).view(b, 1, rotating + f.kv_heads, -1)
+    rope(out[:, :, :rotating], *angles, out=out[:, :, :rotating])  # the query's and key's heads, in place
+    key, value = cache.layer(i, out[:, 0, f.heads :])  # the rotated key and the value: one write
+    query = out[:, :, : f.heads].transpose(1, 2)
     attended = scaled_dot_product_attention(
         query, key, value, attn_mask=bias, scale=f.scale, enable_gqa=f.heads != f.kv_heads
     )
     x = x + linear(attended.transpose(1, 2).reshape(b, 1, -1), f.out, f.out_bias)
     gate, up = linear(weighted_norm(x, f.post_norm, f.eps), f.gate_up).chunk(2, -1)
     return x + linear(silu(gate) * up, f.down)
-
-
-def rotary_table(lm: nn.Module, x: Tensor, width: int) -> tuple[Tensor, Tensor]:
-    """The model's rotary (cos, sin) for positions 0 .. ``width`` - 1, [width, D] each, in ``x``'s dtype, sin with
-    its first half negated: ``rope`` then needs no ``rotate_half``."""
-    cos, sin = lm.model.rotary_emb(x, torch.arange(width, device=x.device)[None])
-    half = sin.shape[-1] // 2
-    return cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], -1)
-
-
-def norm(module: nn.Module, x: Tensor) -> Tensor:
-    """Llama's and Qwen2's RMSNorm by torch's ``rms_norm``: float32 inside, the weight applied after casting back,
-    as theirs does, with less Python per call."""
-    return weighted_norm(x, module.weight, module.variance_epsilon)
-
-
-def weighted_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """``norm`` of ``x`` [..., H] with the RMSNorm's ``weight`` [H] and ``eps``."""
-    return weight * rms_norm(x.float(), x.shape[-1:], eps=eps).to(x.dtype)
-
-
-def project(attention: nn.Module, x: Tensor, angles: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    """Normed hidden states ``x`` [b, q, H] -> query [b, heads, q, D], key and value [b, kv_heads, q, D], query and
-    key rotated by ``angles`` (cos, signed sin [b, 1, q, D])."""
-    shape = (*x.shape[:-1], -1, attention.head_dim)
-    projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-    query, key, value = (p(x).view(shape).transpose(1, 2) for p in projections)
-    return rope(query, *angles), rope(key, *angles), value
-
-
-def rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """transformers' ``x * cos + rotate_half(x) * sin`` with the sign moved into ``sin`` (bit for bit the same)."""
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
-
-
-def attend(attention: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor) -> Tensor:
-    """Attention of ``query`` [b, heads, q, D] over ``key``, ``value`` [b, kv_heads, n, D], ``mask`` [b, 1, q, n]
-    (bool: visible, or additive) -> the output projection's input [b, q, heads * D]."""
-    out = scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, scale=attention.scaling, enable_gqa=attention.num_key_value_groups > 1
-    )
-    return out.transpose(1, 2).reshape(*query.shape[:1], query.shape[2], -1)
-
-
-def finish(layer: nn.Module, x: Tensor, attended: Tensor) -> Tensor:
-    """The rest of a decoder layer after attention: output projection, residual, MLP, residual -> [b, q, H]."""
-    x = x + layer.self_attn.o_proj(attended)
-    return x + layer.mlp(norm(layer.post_attention_layernorm, x))
 
 
 def head(lm: nn.Module, x: Tensor) -> Tensor:
