@@ -36,17 +36,19 @@ def unsupported(lm: nn.Module) -> str | None:
 
 
 def trains(lm: nn.Module) -> bool:
-    """Whether ``forward`` can be ``lm``'s training forward: a computed architecture whose layers are neither
-    FSDP units (their parameters are gathered by hooks on the layer's own forward) nor checkpointed (transformers
-    recomputes a layer by wrapping that forward), and no attention dropout."""
+    """Whether ``forward`` can be ``lm``'s training forward: a computed architecture whose modules carry no forward
+    hooks (FSDP2 gathers a layer's parameters in hooks on the layer's own forward, which ``forward`` does not call),
+    whose layers are not FSDP units nor checkpointed (transformers recomputes a layer by wrapping that forward), and
+    no attention dropout."""
     from torch.distributed.fsdp import FSDPModule
 
     if unsupported(lm) is not None:
         return False
     layers = lm.model.layers
     wrapped = (isinstance(layer, FSDPModule) or getattr(layer, "gradient_checkpointing", False) for layer in layers)
+    hooked = (m._forward_hooks or m._forward_pre_hooks for m in lm.model.modules())
     dropping = (layer.self_attn.training and layer.self_attn.attention_dropout for layer in layers)
-    return not any(wrapped) and not any(dropping)
+    return not any(wrapped) and not any(hooked) and not any(dropping)
 
 
 def forward(
@@ -66,7 +68,9 @@ def forward(
         query, key, value = project(layer.self_attn, norm(layer.input_layernorm, x), angles, start)
         if kv is not None:
             kv.append((key, value))
-        x = finish(layer, x[:, start:], attend(layer.self_attn, query, key, value, visible[:, :, start:]))
+        attention = layer.self_attn
+        attended = attend(query, key, value, visible[:, :, start:], attention.scaling, attention.num_key_value_groups)
+        x = finish(layer, x[:, start:], attended)
     return norm(lm.model.norm, x), (cos, sin)
 
 
@@ -116,13 +120,21 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, out: Tensor | None = None) -> Tens
     return torch.add(x * cos, x.roll(x.shape[-1] // 2, -1) * sin, out=out)
 
 
-def attend(attention: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor) -> Tensor:
-    """Attention of ``query`` [b, heads, q, D] over ``key``, ``value`` [b, kv_heads, n, D], ``mask`` [b, 1, q, n]
-    (bool: visible, or additive) -> the output projection's input [b, q, heads * D]."""
-    out = scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, scale=attention.scaling, enable_gqa=attention.num_key_value_groups > 1
-    )
-    return out.transpose(1, 2).reshape(*query.shape[:1], query.shape[2], -1)
+def attend(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scale: float, groups: int) -> Tensor:
+    """Attention of ``query`` [b, heads, q, D] over ``key``, ``value`` [b, kv_heads, n, D] (``groups`` = heads /
+    kv_heads), ``mask`` [b, 1, q, n] (bool: visible, or additive) -> the output projection's input [b, q, heads * D].
+
+    Grouped-query attention as transformers computes it under a mask (SDPA's own ``enable_gqa`` with a mask falls
+    back to its math kernel on CUDA): one query a row, each key-value head's query heads become its queries
+    (``pack_gqa``); else its keys and values are repeated for each of its query heads (``repeat_kv``)."""
+    b, heads, q, dim = query.shape
+    if groups > 1 and q == 1:
+        packed = query.reshape(b, heads // groups, groups, dim)
+        return scaled_dot_product_attention(packed, key, value, mask, scale=scale).reshape(b, 1, heads * dim)
+    if groups > 1:
+        key, value = (x[:, :, None].expand(-1, -1, groups, -1, -1).flatten(1, 2) for x in (key, value))
+    out = scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+    return out.transpose(1, 2).reshape(b, q, heads * dim)
 
 
 def finish(layer: nn.Module, x: Tensor, attended: Tensor) -> Tensor:

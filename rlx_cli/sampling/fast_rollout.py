@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.nn.functional import linear, scaled_dot_product_attention, silu
+from torch.nn.functional import linear, silu
 from transformers.activations import SiLUActivation
 
 from rlx_cli.config.errors import UserError
@@ -243,7 +243,8 @@ def step(lm: nn.Module, tokens: Tensor, cache: Cache, fused: list[Fused] | None 
             continue
         query, key, value = project(layer.self_attn, norm(layer.input_layernorm, x), angles)
         key, value = cache.layer(i, torch.cat([key, value], 1)[:, :, 0])
-        x = finish(layer, x, attend(layer.self_attn, query, key, value, bias))
+        attention = layer.self_attn
+        x = finish(layer, x, attend(query, key, value, bias, attention.scaling, attention.num_key_value_groups))
     cache.length += 1
     cache.positions += 1
     return head(lm, x[:, -1])
@@ -257,10 +258,7 @@ def fused_layer(f: Fused, i: int, x: Tensor, cache: Cache, angles: tuple[Tensor,
     rope(out[:, :, :rotating], *angles, out=out[:, :, :rotating])  # the query's and key's heads, in place
     key, value = cache.layer(i, out[:, 0, f.heads :])  # the rotated key and the value: one write
     query = out[:, :, : f.heads].transpose(1, 2)
-    attended = scaled_dot_product_attention(
-        query, key, value, attn_mask=bias, scale=f.scale, enable_gqa=f.heads != f.kv_heads
-    )
-    x = x + linear(attended.transpose(1, 2).reshape(b, 1, -1), f.out, f.out_bias)
+    x = x + linear(attend(query, key, value, bias, f.scale, f.heads // f.kv_heads), f.out, f.out_bias)
     gate, up = linear(weighted_norm(x, f.post_norm, f.eps), f.gate_up).chunk(2, -1)
     return x + linear(silu(gate) * up, f.down)
 
