@@ -64,11 +64,10 @@ def forward(
     visible = visible_keys(mask)
     last = len(lm.model.layers) - 1
     for i, layer in enumerate(lm.model.layers):
-        start = from_ if i == last else 0
-        query, key, value = project(layer.self_attn, norm(layer.input_layernorm, x), angles, start)
+        start, attention = (from_ if i == last else 0), layer.self_attn
+        query, key, value = project(attention, norm(layer.input_layernorm, x), angles, start)
         if kv is not None:
             kv.append((key, value))
-        attention = layer.self_attn
         attended = attend(query, key, value, visible[:, :, start:], attention.scaling, attention.num_key_value_groups)
         x = finish(layer, x[:, start:], attended)
     return norm(lm.model.norm, x), (cos, sin)

@@ -175,9 +175,9 @@ class Cache:
     def layer(self, i: int, key_value: Tensor) -> tuple[Tensor, Tensor]:
         """One token's keys and values ``key_value`` [rows, 2 kv_heads, head_dim] into column ``length`` of layer
         ``i`` -> the layer's keys and values up to it, [rows, kv_heads, length + 1, head_dim] each."""
-        n, b, heads = self.length, self.rows, self.kv.shape[2] // 2
+        n, b, kv_heads = self.length, self.rows, self.kv.shape[2] // 2
         self.kv[i, :b, :, n] = key_value
-        return self.kv[i, :b, :heads, : n + 1], self.kv[i, :b, heads:, : n + 1]
+        return self.kv[i, :b, :kv_heads, : n + 1], self.kv[i, :b, kv_heads:, : n + 1]
 
 
 def decode(lm: nn.Module, ids: Tensor, mask: Tensor, sampling: Sampling, max_new_tokens: int, tokenizer):
@@ -241,9 +241,9 @@ def step(lm: nn.Module, tokens: Tensor, cache: Cache, fused: list[Fused] | None 
         if fused is not None:
             x = fused_layer(fused[i], i, x, cache, angles, bias)
             continue
-        query, key, value = project(layer.self_attn, norm(layer.input_layernorm, x), angles)
-        key, value = cache.layer(i, torch.cat([key, value], 1)[:, :, 0])
         attention = layer.self_attn
+        query, key, value = project(attention, norm(layer.input_layernorm, x), angles)
+        key, value = cache.layer(i, torch.cat([key, value], 1)[:, :, 0])
         x = finish(layer, x, attend(query, key, value, bias, attention.scaling, attention.num_key_value_groups))
     cache.length += 1
     cache.positions += 1
