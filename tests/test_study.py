@@ -209,9 +209,10 @@ def test_a_second_driver_on_a_running_study_is_one_line(workdir):
     )
 
 
-# 2 arms x 3 seeds, a checkpoint every step; each run takes a few seconds past its start-up
-GRID = ["algo=grpo", "policy_loss.eps_high=0.2,0.28", "seed=0,1,2", "trainer.steps=6", "trainer.ckpt_every=1",
-        "trainer.eval_every=0", "rollout.prompts_per_step=4", "task.eval_size=20", "trainer.threads=1"]  # fmt: skip
+# 2 lengths x 3 seeds, a checkpoint every step; the third short point and the first long one start together, so
+# when the short one ends the long one runs with steps to go
+GRID = ["algo=grpo", "trainer.steps=3,16", "seed=0,1,2", "trainer.ckpt_every=1", "trainer.eval_every=0",
+        "rollout.prompts_per_step=4", "task.eval_size=20", "trainer.threads=1"]  # fmt: skip
 STUDY = [*GRID, "--jobs", "2", "--study", "cut"]
 
 
@@ -220,8 +221,9 @@ def in_store(folder: Path):
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
 
 
-def workers_of(pid: int) -> dict[str, int]:
-    """The worker processes of a driver, by the name of their point's folder (from Linux's /proc)."""
+def workers_of(pid: int) -> dict[str, tuple[int, int]]:
+    """The worker processes of a driver, by the name of their point's folder: (pid, trainer.steps), from Linux's
+    /proc."""
     found = {}
     for proc in Path("/proc").iterdir():
         try:
@@ -229,36 +231,65 @@ def workers_of(pid: int) -> dict[str, int]:
             argv = (proc / "cmdline").read_bytes().decode().split("\0") if parent == pid else []
         except (OSError, ValueError, IndexError):
             continue  # not a process, or one that just ended
-        folder = next((a.split("=", 1)[1] for a in argv if a.startswith("trainer.output_dir=")), None)
-        if folder:
-            found[Path(folder).name] = int(proc.name)
+        value = dict(a.split("=", 1) for a in argv if "=" in a)
+        if "trainer.output_dir" in value:
+            found[Path(value["trainer.output_dir"]).name] = (int(proc.name), int(value["trainer.steps"]))
     return found
 
 
+def store_is_free(db: Path) -> bool:
+    """Whether no process holds a lock on the SQLite store ``db`` (a process frozen inside a transaction would
+    keep every other from writing): an exclusive transaction opens at once."""
+    import sqlite3
+
+    connection = sqlite3.connect(db, timeout=0.05)
+    try:
+        connection.execute("BEGIN EXCLUSIVE")
+        connection.rollback()
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        connection.close()
+
+
 def kill_mid_way(workdir: Path) -> tuple[list[str], str, str]:
-    """Launch the study; once a point has FINISHED and two run, one of them with a checkpoint and steps to go,
-    SIGKILL the other's worker (a lost process: its run stays RUNNING), then the driver (the first worker gets
-    SIGTERM, checkpoints and ends KILLED) -> (the states ``rlx status`` saw just before, the two folders' names)."""
+    """Launch the study; once a point has ended and another runs with a checkpoint and steps to go, freeze that one
+    (SIGSTOP) until the point launched next runs too; then SIGKILL the new one's worker (a lost process: its run
+    stays RUNNING) and the driver, and let the frozen one go on (SIGCONT): the driver's death sends it SIGTERM, it
+    checkpoints and ends KILLED -> (the states ``rlx status`` saw just before the kill, the two folders' names).
+
+    Freezing makes the moment certain: the next point's start-up takes seconds, which the steps to go of a point
+    started beside the one that ended do not always last."""
     from rlx_cli.studies.status import gather
     from rlx_cli.studies.study import last_checkpoint_step
 
     driver = subprocess.Popen([sys.executable, "-m", "rlx_cli", "sweep", *STUDY], cwd=workdir, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    home, deadline = workdir / "outputs" / "sweeps" / "cut", time.monotonic() + 300
+    home, deadline, frozen = workdir / "outputs" / "sweeps" / "cut", time.monotonic() + 300, None
     while time.monotonic() < deadline and driver.poll() is None:
         folders = [f for f in home.glob("grpo-*") if f.is_dir()]
-        done = [f for f in folders if (f / "metrics.json").exists()]
-        mid = [f for f in folders if f not in done and (last_checkpoint_step(f) or 0) in range(1, 5)]
-        states = [p.state for p in gather("cut").points] if done and mid else []
-        workers = workers_of(driver.pid) if "finished" in states and states.count("running") == 2 else {}
-        lost = next((name for name in workers if name != mid[0].name), None) if workers else None
-        if lost and mid[0].name in workers:
-            os.kill(workers[lost], signal.SIGKILL)
-            os.kill(driver.pid, signal.SIGKILL)
-            driver.wait()
-            while any(locks.held(f / WORKER_LOCK) for f in folders) and time.monotonic() < deadline:
-                time.sleep(0.02)  # the workers are gone once the kernel let go of their locks
-            return states, mid[0].name, lost
+        if frozen is None and any((f / "metrics.json").exists() for f in folders):
+            for name, (pid, steps) in workers_of(driver.pid).items():
+                if (last_checkpoint_step(home / name) or 0) in range(1, steps):
+                    os.kill(pid, signal.SIGSTOP)
+                    frozen = name, pid
+                    if not store_is_free(workdir / "mlflow.db"):  # frozen inside a transaction: try again
+                        os.kill(pid, signal.SIGCONT)
+                        frozen = None
+                    break
+        if frozen is not None:
+            states = [p.state for p in gather("cut").points]
+            workers = workers_of(driver.pid) if "finished" in states and states.count("running") == 2 else {}
+            lost = next((name for name in workers if name != frozen[0]), None)
+            if lost:
+                os.kill(workers[lost][0], signal.SIGKILL)
+                os.kill(driver.pid, signal.SIGKILL)
+                driver.wait()
+                os.kill(frozen[1], signal.SIGCONT)  # the SIGTERM of its parent's death is waiting for it
+                while any(locks.held(f / WORKER_LOCK) for f in folders) and time.monotonic() < deadline:
+                    time.sleep(0.02)  # the workers are gone once the kernel let go of their locks
+                return states, frozen[0], lost
         time.sleep(0.02)
     os.killpg(driver.pid, signal.SIGKILL)
     raise AssertionError("the study ended (or hung) before it could be killed mid-way")
