@@ -209,8 +209,8 @@ def test_a_second_driver_on_a_running_study_is_one_line(workdir):
     )
 
 
-# 2 lengths x 3 seeds, a checkpoint every step; the third short point and the first long one start together, so
-# when the short one ends the long one runs with steps to go
+# 2 lengths x 3 seeds, a checkpoint every step; with two jobs a short point and a long one run side by side, so
+# when the short one ends the long one has steps to go
 GRID = ["algo=grpo", "trainer.steps=3,16", "seed=0,1,2", "trainer.ckpt_every=1", "trainer.eval_every=0",
         "rollout.prompts_per_step=4", "task.eval_size=20", "trainer.threads=1"]  # fmt: skip
 STUDY = [*GRID, "--jobs", "2", "--study", "cut"]
@@ -253,6 +253,16 @@ def store_is_free(db: Path) -> bool:
         connection.close()
 
 
+def freeze(pid: int, db: Path) -> bool:
+    """Stop process ``pid`` (SIGSTOP) -> whether it stays stopped: not if it holds a lock on the store ``db``
+    (stopped inside a transaction), then it goes on (SIGCONT) to be tried again."""
+    os.kill(pid, signal.SIGSTOP)
+    if store_is_free(db):
+        return True
+    os.kill(pid, signal.SIGCONT)
+    return False
+
+
 def kill_mid_way(workdir: Path) -> tuple[list[str], str, str]:
     """Launch the study; once a point has ended and another runs with a checkpoint and steps to go, freeze that one
     (SIGSTOP) until the point launched next runs too; then SIGKILL the new one's worker (a lost process: its run
@@ -270,14 +280,9 @@ def kill_mid_way(workdir: Path) -> tuple[list[str], str, str]:
     while time.monotonic() < deadline and driver.poll() is None:
         folders = [f for f in home.glob("grpo-*") if f.is_dir()]
         if frozen is None and any((f / "metrics.json").exists() for f in folders):
-            for name, (pid, steps) in workers_of(driver.pid).items():
-                if (last_checkpoint_step(home / name) or 0) in range(1, steps):
-                    os.kill(pid, signal.SIGSTOP)
-                    frozen = name, pid
-                    if not store_is_free(workdir / "mlflow.db"):  # frozen inside a transaction: try again
-                        os.kill(pid, signal.SIGCONT)
-                        frozen = None
-                    break
+            mid = [(name, pid) for name, (pid, steps) in workers_of(driver.pid).items()
+                   if (last_checkpoint_step(home / name) or 0) in range(1, steps)]  # fmt: skip
+            frozen = mid[0] if mid and freeze(mid[0][1], workdir / "mlflow.db") else None
         if frozen is not None:
             states = [p.state for p in gather("cut").points]
             workers = workers_of(driver.pid) if "finished" in states and states.count("running") == 2 else {}
