@@ -119,17 +119,18 @@ def test_an_axis_the_runs_did_not_log_is_one_line(compute_store):
 @pytest.mark.slow
 def test_a_run_logs_its_compute_and_pass_at_k(workdir):
     """DAPO's dynamic sampling: every draw's answers count; pass@1 is eval/accuracy_sampled; train tokens = epochs x
-    the tokens of the batch trained on (overlong filtering off)."""
+    the tokens of the batch trained on (overlong filtering off); eval.max_new_tokens caps evaluation's answers only."""
     import json
 
     from conftest import SHORT, mlflow_runs, rlx
 
     args = [*SHORT, "algo=dapo", "reward_shaping=none", "trainer.epochs=2", "eval.samples=3", "eval.pass_k=[1,3]"]
-    out = rlx("train", *args, "trainer.output_dir=out", cwd=workdir)
+    out = rlx("train", *args, "eval.max_new_tokens=1", "trainer.output_dir=out", cwd=workdir)
     assert out.returncode == 0, out.stderr[-2000:]
     metrics = json.loads((workdir / "out" / "metrics.json").read_text())
     assert metrics["eval/pass_at_1"] == pytest.approx(metrics["eval/accuracy_sampled"], abs=1e-12)
     assert metrics["eval/pass_at_1"] <= metrics["eval/pass_at_3"] <= 1.0
+    assert metrics["eval/response_len"] <= 1.0 < metrics["train/response_len"]  # an answer and EOS: 2 tokens or more
     from mlflow.tracking import MlflowClient
 
     run_id = mlflow_runs(workdir)["run_id"].iloc[0]

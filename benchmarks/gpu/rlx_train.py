@@ -1,16 +1,19 @@
 """``rlx train`` on one GPU at real model shapes: Qwen2.5-0.5B-, 1.5B- and 7B-shaped models built from config
 (random weights, rlx's character tokenizer; nothing downloaded) under ``trainer.precision=bf16-mixed``, activation
 checkpointing and a token budget, 64 prompts x 4 answers x 1,024 new tokens. Per run: the last step's time split
-(``perf/generate_s``, ``perf/logprobs_s``, ``perf/update_s``), tokens/s, peak GPU memory and the update's MFU.
+(``perf/generate_s``, ``perf/logprobs_s``, ``perf/update_s``), tokens/s, peak GPU memory and the update's MFU;
+for ``--profile``'s run, one step more whose update runs under ``torch.profiler`` (its table in the JSON).
 
     python benchmarks/gpu/rlx_train.py                                 # every run below, in this order
     python benchmarks/gpu/rlx_train.py --runs 1.5b-grpo-full 7b-grpo-lora
     python benchmarks/gpu/rlx_train.py --device cpu --shape tiny --new-tokens 8 --prompts 4   # the same on the CPU
 
 Random weights put EOS at about 1/151,936 a token, so nearly every answer runs to 1,024 tokens: the work is fixed
-without suppressing EOS (``train/truncated_frac`` in the JSON says how fixed). Each run is ``python -m rlx_cli
-train`` with ``tracking=none``; the JSON (``--json``) names the device and is rewritten after every run, so a run
-cut at ``--deadline-s`` leaves the others' figures. MFU = the model FLOPs of the update (6 N per token for full
+without suppressing EOS (``train/truncated_frac`` in the JSON says how fixed). Each run is ``rlx train`` with
+``tracking=none`` and ``eval.max_new_tokens=1`` (evaluation is not what is measured), in a worker process
+(``train_worker.py``: every step's metrics, the profile; its output in ``--work``/NAME.log, whose tail a cut or
+failed run's entry holds); the JSON (``--json``) names the device and is rewritten after every run, so a run cut
+at ``--deadline-s`` leaves the others' figures. MFU = the model FLOPs of the update (6 N per token for full
 fine-tuning, 4 N for LoRA, whose frozen weights get no gradient; plus attention) over ``perf/update_s`` and the
 GPU's dense bf16 peak; activation checkpointing's recomputed forward is not counted.
 """
@@ -40,7 +43,7 @@ QWEN25 = {  # Qwen2.5's published shapes (config.json of each size)
 # name -> (shape, steps, overrides); the first step warms up, the last is reported
 RUNS = {
     "1.5b-grpo-full": ("1.5b", 2, ["algo=grpo", "model.finetune=full"]),
-    "7b-grpo-lora": ("7b", 1, ["algo=grpo", "model.finetune=lora", "rollout.generate_rows=64"]),
+    "7b-grpo-lora": ("7b", 1, ["algo=grpo", "model.finetune=lora"]),
     "1.5b-grpo-lora": ("1.5b", 2, ["algo=grpo", "model.finetune=lora"]),
     "0.5b-vapo-full": ("0.5b", 2, ["algo=vapo", "model.finetune=full", "value_pretrain.steps=1"]),
     "0.5b-grpo-full": ("0.5b", 2, ["algo=grpo", "model.finetune=full"]),
@@ -105,28 +108,42 @@ def run_one(name: str, args, models: dict[str, tuple[Path, int]], deadline: floa
         print(f"[{name}] built {path} ({models[shape][1] / 1e9:.2f}B params) in {time.perf_counter() - started:.0f} s")
     path, n = models[shape]
     out = Path(args.work) / name
+    profiled = name == args.profile
+    steps_json, table, log = (Path(args.work) / f"{name}.{what}" for what in ("steps.json", "profile.txt", "log"))
+    worker = [sys.executable, str(Path(__file__).with_name("train_worker.py")), f"--steps-json={steps_json}"]
+    if profiled:
+        steps += 1
+        worker += [f"--profile-step={steps}", f"--profile-table={table}"]
     command = [
-        sys.executable, "-m", "rlx_cli", "train", *overrides,
+        *worker, "--", *overrides,
         "model=hf", f"model.path={path}", "model.activation_checkpointing=true",
         f"trainer.device={args.device}", f"trainer.precision={args.precision}",
-        f"trainer.micro_batch_tokens={args.micro_batch_tokens}",
+        f"trainer.micro_batch_tokens={args.micro_batch_tokens}", f"rollout.generate_rows={args.generate_rows}",
         f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
         f"rollout.max_new_tokens={args.new_tokens}", f"trainer.steps={steps}", "trainer.eval_every=0",
-        "trainer.ckpt_every=0", "trainer.warmup_steps=1", "task.eval_size=1", "tracking=none",
+        "trainer.ckpt_every=0", "trainer.warmup_steps=1", "task.eval_size=1", "eval.max_new_tokens=1", "tracking=none",
         f"trainer.output_dir={out}",
     ]  # fmt: skip
     print(f"[{name}] {' '.join(command[1:])}", flush=True)
+    steps_json.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     try:
-        done = subprocess.run(command, timeout=max(1.0, deadline - time.time()), capture_output=True, text=True)
+        with log.open("w") as sink:  # the run's own progress lines: where a cut or failed run was
+            done = subprocess.run(command, timeout=max(1.0, deadline - time.time()), stdout=sink, stderr=sink)
     except subprocess.TimeoutExpired:
-        return {"shape": shape, "cut": f"stopped at the deadline after {time.perf_counter() - started:.0f} s"}
+        cut = f"stopped at the deadline after {time.perf_counter() - started:.0f} s"
+        return {"shape": shape, "cut": cut, "log_tail": log.read_text()[-3000:]}
     wall = time.perf_counter() - started
     if done.returncode:
-        return {"shape": shape, "failed": done.returncode, "stderr": done.stderr[-3000:], "wall_s": wall}
-    metrics = json.loads((out / "metrics.json").read_text())
-    result = {"shape": shape, "params": n, "steps": steps, "wall_s": wall, "command": " ".join(command[3:])}
+        return {"shape": shape, "failed": done.returncode, "log_tail": log.read_text()[-3000:], "wall_s": wall}
+    logged = json.loads(steps_json.read_text())
+    metrics = logged[-2] if profiled else logged[-1]  # the profiler slows the step it watches
+    result = {"shape": shape, "params": n, "steps": steps, "reported_step": metrics["step"], "wall_s": wall}
+    result |= {"command": " ".join(command[command.index("--") + 1 :])}
     result |= {k: metrics[k] for k in KEYS if k in metrics}
+    result["step_s_each"] = [m["perf/step_s"] for m in logged]
+    if profiled:
+        result["profile"] = table.read_text()
     if "perf/update_s" in metrics and "perf/seq_tokens" in metrics:
         rows = args.prompts * args.group
         flops = model_flops(n, QWEN25[shape], metrics["perf/seq_tokens"], metrics["perf/seq_tokens"] / rows,
@@ -138,10 +155,12 @@ def run_one(name: str, args, models: dict[str, tuple[Path, int]], deadline: floa
 
 
 def device_facts(device: str) -> dict:
+    import peft
     import torch
     import transformers
 
-    facts = {"torch": torch.__version__, "transformers": transformers.__version__, "device": device}
+    facts = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
+    facts["device"] = device
     if device == "cuda":
         facts["device"] = torch.cuda.get_device_name()
     return facts
@@ -158,6 +177,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=1024)
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak (default: by name)")
+    parser.add_argument("--profile", default="1.5b-grpo-full", help="this run's last update under the profiler")
+    parser.add_argument("--generate-rows", type=int, default=256, help="rollout.generate_rows: rows per decode loop")
     parser.add_argument("--deadline-s", type=float, default=3600, help="runs still going after this are stopped")
     parser.add_argument("--work", default="outputs/gpu_bench")
     parser.add_argument("--json", default="benchmarks/results/gpu_rlx_train.json")

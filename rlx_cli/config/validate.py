@@ -38,6 +38,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "rollout.top_p": (float, 1e-3, 1.0),
     "rollout.top_k": (int, 0, 1_000_000),
     "eval.samples": (int, 1, 100_000),
+    "eval.max_new_tokens": (int, 1, 1_000_000),
     "rollout.max_new_tokens": (int, 1, 1_000_000),
     "rollout.lora_sync": (str, ("merged", "adapter")),
     "rollout.gpu_memory_utilization": (float, 0.01, 1.0),

@@ -12,15 +12,15 @@ from rlx_cli.engine.batch import Rollout
 from rlx_cli.loops.build import Parts
 
 
-def answers(cfg, parts: Parts, problems: list, temperature: float, model=None) -> Rollout:
-    """The answers of ``model`` (None: the policy) to ``problems`` (one each, ``rollout.max_new_tokens`` at most;
-    greedy at temperature 0)."""
+def answers(cfg, parts: Parts, problems: list, temperature: float, model=None, max_new_tokens=None) -> Rollout:
+    """The answers of ``model`` (None: the policy) to ``problems`` (one each, ``max_new_tokens`` at most, None:
+    ``rollout.max_new_tokens``; greedy at temperature 0)."""
     with parts.engine.sampling():
         return parts.sampler.generate(
             parts.models.policy if model is None else model,
             [p.prompt for p in problems],
             temperature=temperature,
-            max_new_tokens=cfg.rollout.max_new_tokens,
+            max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens,
         )
 
 
@@ -31,7 +31,8 @@ def evaluate(cfg, parts: Parts) -> dict[str, float]:
     ``eval/accuracy``: one greedy answer per prompt. ``eval/accuracy_sampled``: the mean score of ``eval.samples``
     answers per prompt at the rollout temperature; from the same answers ``eval/pass_at_k`` for each k of
     ``eval.pass_k`` (pass@k: MLflow refuses "@" in a name), unbiased (``pass_at_k``), an answer scored 1 counting
-    as correct. N processes: each evaluates its block of the prompts; the sums are totalled.
+    as correct. Answers get ``eval.max_new_tokens`` tokens at most (null: ``rollout.max_new_tokens``). N processes:
+    each evaluates its block of the prompts; the sums are totalled.
     """
     task, n, ks = parts.task, cfg.eval.samples, list(cfg.eval.pass_k)
     problems, total = distributed.shard(task.eval_problems), len(task.eval_problems)
@@ -42,7 +43,7 @@ def evaluate(cfg, parts: Parts) -> dict[str, float]:
             correct, tokens, passes = 0.0, 0.0, [0.0] * len(ks)
             if problems:  # more processes than prompts leave some without
                 asked = [p for p in problems for _ in range(repeats)]  # a prompt's answers in a row: one prefill
-                batch = answers(cfg, parts, asked, temperature)
+                batch = answers(cfg, parts, asked, temperature, max_new_tokens=cfg.eval.max_new_tokens)
                 scores = torch.tensor(task.score_batch(batch.texts, asked), dtype=torch.float64)
                 correct, tokens = scores.sum().item() / repeats, batch.tokens()
                 if name == "accuracy_sampled":
