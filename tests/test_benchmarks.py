@@ -49,4 +49,4 @@ def test_gpu_train_bench_smoke_on_the_cpu(tmp_path):
     assert profiled["profile"].startswith("update of step 3 under the profiler") and "aten::" in profiled["profile"]
     assert plain["steps"] == plain["reported_step"] == 1 and "profile" not in plain
     assert "eval.max_new_tokens=1" in plain["command"] and plain["perf/update_s"] > 0
-    assert plain["train/response_len"] == 8.0  # random weights: every answer runs to its 8 tokens
+    assert 0 < plain["train/response_len"] <= 8.0  # --new-tokens

@@ -123,6 +123,26 @@ def study(workdir):
     return store, points, home
 
 
+def test_status_labels_keep_an_override_with_spaces_whole():
+    """A point's label is the overrides that set it apart, each whole and quoted as a shell needs it (task=gym's
+    difficulty is one override with spaces); a point like every other is labelled by all of its own."""
+    from rlx_cli.studies.status import point_labels
+
+    easy, hard = "task.config={min_terms: 2, max_terms: 3}", "task.config={min_terms: 3, max_terms: 4}"
+    points = {
+        "a": ["algo=grpo", easy, "seed=0"],
+        "b": ["algo=grpo", hard, "seed=0"],
+        "c": ["algo=grpo", easy, "seed=1"],
+    }
+    assert point_labels(points) == {
+        "a": f"'{easy}' seed=0",
+        "b": f"'{hard}' seed=0",
+        "c": f"'{easy}' seed=1",
+    }
+    assert point_labels({"a": ["algo=grpo", easy]}) == {"a": f"algo=grpo '{easy}'"}
+    assert point_labels({}) == {}
+
+
 def test_status_shows_each_state(study, capsys):
     """Acceptance 3: finished, running (step x of y), stopped (worker gone / KILLED), failed and pending."""
     from rlx_cli.studies.status import gather, status_command

@@ -33,8 +33,10 @@ from rlx_cli.studies.study import (
     STUDY_ROLE,
     WORKER_LOCK,
     canonical,
+    canonical_tokens,
     last_checkpoint_step,
     output_folder,
+    quoted,
     read_points,
 )
 
@@ -104,11 +106,12 @@ def gather(study: str) -> StudyStatus:
     for run in sorted(runs, key=lambda r: r.info.start_time):
         if run.data.tags.get("rlx.role") != STUDY_ROLE and "rlx.overrides" in run.data.tags:
             newest[canonical(run.data.tags["rlx.overrides"])] = run
-    keys = list(planned) + [k for k in newest if k not in planned]
-    common = set.intersection(*(set(k.split()) for k in keys)) if keys else set()
+    tokens = {key: canonical_tokens(plan["overrides"]) for key, plan in planned.items()}
+    tokens |= {
+        key: canonical_tokens(run.data.tags["rlx.overrides"]) for key, run in newest.items() if key not in tokens
+    }
     points = []
-    for key in keys:
-        label = " ".join(t for t in key.split() if t not in common) or key
+    for key, label in point_labels(tokens).items():
         run, plan = newest.get(key), planned.get(key, {})
         folder = Path(plan["folder"]) if plan else output_folder(run.data.tags["rlx.overrides"])
         steps = int(plan.get("steps") or run.data.params.get("trainer.steps", 0))
@@ -116,6 +119,13 @@ def gather(study: str) -> StudyStatus:
     experiment = client.get_experiment(parent.info.experiment_id).name
     driver = home is not None and locks.held(home / DRIVER_LOCK)
     return StudyStatus(study, experiment, driver, int(parent.data.tags.get("rlx.jobs", 1)), points)
+
+
+def point_labels(points: dict[str, list[str]]) -> dict[str, str]:
+    """Each point's key -> the overrides that set it apart from the other points (all of its own when none do), as a
+    shell needs them: ``'task.config={min_terms: 2, max_terms: 3}'`` stays one override."""
+    common = set.intersection(*map(set, points.values())) if points else set()
+    return {key: " ".join(map(quoted, [t for t in own if t not in common] or own)) for key, own in points.items()}
 
 
 def point_status(client, label: str, run, folder: Path | None, steps: int) -> PointStatus:
