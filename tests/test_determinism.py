@@ -37,3 +37,25 @@ def test_same_seed_same_metrics(workdir, rollout):
     weights = [load_file(workdir / name / "final" / "model.safetensors") for name in ("a", "b")]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+@pytest.mark.slow
+def test_arms_with_one_seed_draw_the_same_step_0_evaluation(workdir):
+    """GRPO and VAPO (a critic built and pretrained first: random numbers drawn before step 0) from the same base and
+    seed: their step-0 sampled evaluations are the same answers, so a study's arms start from one shared figure."""
+    args = [*RUN, "trainer.steps=1", "eval.samples=4", "tracking.experiment=crn"]
+    for algo in ("grpo", "vapo"):
+        extra = ["value_pretrain.steps=2"] if algo == "vapo" else []
+        out = rlx("train", *args, f"algo={algo}", *extra, f"trainer.output_dir={algo}", cwd=workdir)
+        assert out.returncode == 0, out.stderr[-2000:]
+    from mlflow.tracking import MlflowClient
+
+    runs = mlflow_runs(workdir, "crn")  # first: it points MLflow at this test's store
+    client = MlflowClient()
+    first = {
+        key: [client.get_metric_history(r, key)[0] for r in runs["run_id"]]
+        for key in ("eval/accuracy_sampled", "eval/accuracy", "eval/response_len")
+    }
+    for key, (a, b) in first.items():
+        assert a.step == b.step == 0 and a.value == b.value, key
+    assert 0 < first["eval/accuracy_sampled"][0].value < 1  # a draw that other random numbers would change

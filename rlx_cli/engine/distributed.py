@@ -89,11 +89,21 @@ def broadcast_weights(*modules) -> None:
                     dist.broadcast(p.data, 0)
 
 
+EVALUATION_STREAM = -(2**40)  # in the place of a step: no run's step or value-pretraining step is this
+
+
 def seed_sampling(seed: int, step: int) -> None:
     """Ranks > 0 sample each step from a stream of their own, a function of (seed, rank, step), so that a resumed
     run draws what the uninterrupted one drew; rank 0 keeps its stream (a checkpoint holds its state)."""
     if rank() > 0:
         torch.manual_seed(hash((seed, rank(), step)) % 2**63)
+
+
+def seed_evaluation(seed: int) -> None:
+    """Every evaluation of a run draws the same random numbers, a function of (seed, rank) alone: runs that share a
+    seed and their first policy sample the same step-0 answers, whatever they drew before (a critic's start, value
+    pretraining), and later evaluations differ by what the policies learned. Call it inside ``fork_rng``."""
+    torch.manual_seed(hash((seed, rank(), EVALUATION_STREAM)) % 2**63)
 
 
 def gather_list(x: Tensor) -> list[Tensor]:

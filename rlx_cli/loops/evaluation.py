@@ -31,14 +31,16 @@ def evaluate(cfg, parts: Parts) -> dict[str, float]:
     ``eval/accuracy``: one greedy answer per prompt. ``eval/accuracy_sampled``: the mean score of ``eval.samples``
     answers per prompt at the rollout temperature; from the same answers ``eval/pass_at_k`` for each k of
     ``eval.pass_k`` (pass@k: MLflow refuses "@" in a name), unbiased (``pass_at_k``), an answer scored 1 counting
-    as correct. Answers get ``eval.max_new_tokens`` tokens at most (null: ``rollout.max_new_tokens``). N processes:
-    each evaluates its block of the prompts; the sums are totalled.
+    as correct. Answers get ``eval.max_new_tokens`` tokens at most (null: ``rollout.max_new_tokens``); each
+    evaluation draws from the same random stream (``distributed.seed_evaluation``). N processes: each evaluates its
+    block of the prompts; the sums are totalled.
     """
     task, n, ks = parts.task, cfg.eval.samples, list(cfg.eval.pass_k)
     problems, total = distributed.shard(task.eval_problems), len(task.eval_problems)
     out = {}
     devices = torch.random.fork_rng()  # evaluation must not shift the training samples' random stream
     with devices:
+        distributed.seed_evaluation(cfg.seed)  # its own stream: arms of a study draw alike
         for name, temperature, repeats in (("accuracy", 0.0, 1), ("accuracy_sampled", cfg.rollout.temperature, n)):
             correct, tokens, passes = 0.0, 0.0, [0.0] * len(ks)
             if problems:  # more processes than prompts leave some without
