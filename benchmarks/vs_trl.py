@@ -16,6 +16,13 @@ included), medians over ``--steps`` steps after ``--warmup``; each round runs rl
 order alternating between rounds. Breakdown: ``generate`` (the model's generate call), ``logp`` (forwards
 without gradient: old/reference log-probs), ``rest`` (the update: forward, backward, optimizer, and bookkeeping).
 
+``--device cuda --precision bf16-mixed --checkpointing``: the same work on a GPU, bfloat16 autocast over float32
+masters on both sides (TRL ``bf16=True``) and each decoder layer recomputed in backward (TRL
+``gradient_checkpointing``); ``--sizes 1.5b`` is Qwen2.5-1.5B's shape as a Llama with the character vocabulary:
+
+    python benchmarks/vs_trl.py --device cuda --precision bf16-mixed --checkpointing --sizes 1.5b --finetunes full \
+        --rounds 2 --steps 3 --warmup 1 --rlx-tracking none --json benchmarks/results/gpu_vs_trl.json
+
 ``--stops natural``: answers end at EOS, as in training (no ``min_new_tokens``; ``--new-tokens`` is then the
 budget, by default the task's ``rollout.max_new_tokens``). ``--rollout fast``: rlx samples with its own decode loop
 (``rollout=fast``; its ``generate`` phase is that loop), which reads no ``generation_config.json`` and so needs
@@ -48,6 +55,9 @@ def main() -> None:
     parser.add_argument("--rollout", default="hf", choices=["hf", "fast"], help="rlx's sampler (rollout=...)")
     parser.add_argument("--task", default="sums", choices=["sums", "long_sums"], help="the prompts (and base)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per tool")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16-mixed"], help="bf16-mixed: TRL bf16")
+    parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing on both sides")
     parser.add_argument("--rlx-tracking", default="mlflow", choices=["mlflow", "none"])
     parser.add_argument("--json", default=None, help="where to write the results (default benchmarks/results/)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
@@ -110,6 +120,11 @@ def main() -> None:
                     args.task,
                     "--threads",
                     str(args.threads),
+                    "--device",
+                    args.device,
+                    "--precision",
+                    args.precision,
+                    *(["--checkpointing"] if args.checkpointing else []),
                     "--out",
                     str(out),
                 ]
@@ -153,6 +168,8 @@ def summarise(runs: list[dict], plan, args) -> None:
         for t in ("rlx", "trl"):
             entry[t] = {k: median([x[k] for x in pick[t]]) for k in ("step_s", "generate_s", "logp_s", "rest_s")}
             entry[t]["peak_rss_mib"] = max(x["peak_rss_mib"] for x in pick[t])
+            if all("gpu_peak_gib" in x for x in pick[t]):
+                entry[t]["gpu_peak_gib"] = max(x["gpu_peak_gib"] for x in pick[t])
         summary.append(entry)
 
         def cell(t, e=entry):

@@ -32,8 +32,17 @@ SIZES = {  # LlamaConfig fields besides the tokenizer's; None = the built-in bas
         num_key_value_heads=8,
         head_dim=64,
     ),
+    "1.5b": dict(  # Qwen2.5-1.5B's shape (a GPU's size), without its 151,936-token vocabulary
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        head_dim=128,
+        max_position_embeddings=4096,
+    ),
 }
-NEW_TOKENS = {"tiny": 8, "small": 8, "medium": 64, "large": 64}  # --stops forced
+NEW_TOKENS = {"tiny": 8, "small": 8, "medium": 64, "large": 64, "1.5b": 256}  # --stops forced
 LR = {"full": 1e-5, "lora": 3e-4}  # rlx model=tiny's rates
 
 
@@ -108,6 +117,9 @@ def rlx_worker(args) -> dict:
         "trainer.ckpt_every=0",
         "trainer.minibatches=1",
         f"trainer.threads={args.threads}",
+        f"trainer.device={args.device}",
+        f"trainer.precision={args.precision}",
+        f"model.activation_checkpointing={str(args.checkpointing).lower()}",
         f"rollout.max_new_tokens={args.new_tokens}",
         f"trainer.output_dir={out_dir}",
         f"tracking={args.rlx_tracking}",
@@ -195,9 +207,9 @@ def trl_worker(args) -> dict:
         logging_steps=1,
         save_strategy="no",
         report_to="none",
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
+        bf16=args.precision == "bf16-mixed",  # autocast over the float32 model: float32 masters, as rlx's
+        gradient_checkpointing=args.checkpointing,
+        use_cpu=args.device == "cpu",
         dataloader_num_workers=0,
         shuffle_dataset=False,
         disable_tqdm=True,
@@ -225,5 +237,9 @@ def worker_main(args) -> None:
     before = load()
     result = (rlx_worker if args.worker == "rlx" else trl_worker)(args)
     result.update(tool=args.worker, total_s=time.perf_counter() - start, peak_rss_mib=peak_rss_mib())
+    if args.device == "cuda":
+        import torch
+
+        result.update(gpu_peak_gib=torch.cuda.max_memory_allocated() / 2**30, gpu=torch.cuda.get_device_name())
     result.update(load_before=before, load_after=load())
     Path(args.out).write_text(json.dumps(result))
