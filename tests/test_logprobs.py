@@ -54,7 +54,6 @@ def model_and_batch(tmp_path, *, tie: bool, lora: list[str] | None):
 )
 def test_chunked_path_equals_the_full_logits(tmp_path, monkeypatch, tie, lora):
     monkeypatch.setattr(logprobs, "LOGITS_PER_CHUNK", 3 * 20)  # 3 tokens a chunk: several chunks, recomputed
-    monkeypatch.setattr(logprobs, "MIN_CHUNK_ROWS", 1)
     model, batch = model_and_batch(tmp_path, tie=tie, lora=lora)
     assert decoder.trains(logprobs.causal_lm(model))  # rlx's own forward (engine/decoder.py) against the model's
     assert batch.response_mask.sum() > 3 * 4  # more tokens than one chunk holds
@@ -154,8 +153,13 @@ def test_peak_memory_of_one_forward_and_backward_is_below_a_third(tmp_path):
     assert peak["chunked"] < peak["plain"] / 3
 
 
-def test_a_large_vocabulary_still_gets_chunks_of_min_chunk_rows_tokens(monkeypatch):
-    """At Qwen2.5's vocabulary LOGITS_PER_CHUNK alone gives 27-token chunks; the head runs on MIN_CHUNK_ROWS at once."""
+def test_a_large_vocabulary_gets_chunks_of_min_chunk_rows_tokens_on_a_gpu_and_by_bytes_on_the_cpu():
+    """At Qwen2.5's vocabulary LOGITS_PER_CHUNK alone gives 27-token chunks: the CPU keeps them (its time follows the
+    head's arithmetic, its memory the chunk's), a GPU runs the head on MIN_CHUNK_ROWS tokens at once."""
+    assert logprobs.chunk_rows(151_936, torch.device("cuda")) == 1024
+    assert logprobs.chunk_rows(151_936, torch.device("cpu")) == 2**22 // 151_936 == 27
+    assert logprobs.chunk_rows(32_000, torch.device("cpu")) == 131
+    assert logprobs.chunk_rows(100, torch.device("cuda")) == logprobs.chunk_rows(100, torch.device("cpu")) == 41_943
     calls = []
     head = nn.Linear(8, 151_936, bias=False)
     counted = lambda module, args: calls.append(args[0].shape[0])  # noqa: E731
@@ -163,4 +167,4 @@ def test_a_large_vocabulary_still_gets_chunks_of_min_chunk_rows_tokens(monkeypat
     hidden, targets = torch.randn(2_500, 8), torch.randint(0, 151_936, (2_500,))
     with torch.no_grad():
         logprobs.head_logp(hidden, head, targets, 1.0)
-    assert calls == [1024, 1024, 452]
+    assert calls == [27] * 92 + [16]  # 2,500 = 92 x 27 + 16

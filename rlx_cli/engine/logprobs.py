@@ -3,7 +3,7 @@
 A causal LM's own forward returns logits for every position and the whole vocabulary, ``[B, L, V]``; at V = 32k
 and 4k response tokens one float32 copy is 0.5 GiB, and log-softmax and entropy make several. Here the decoder body
 runs once, only the real response positions' hidden states ``[N, H]`` go through the output head, in chunks of
-``LOGITS_PER_CHUNK`` logits but never fewer than ``MIN_CHUNK_ROWS`` tokens, and under autograd each chunk is
+``LOGITS_PER_CHUNK`` logits (on a GPU never fewer than ``MIN_CHUNK_ROWS`` tokens), and under autograd each chunk is
 recomputed in backward (``torch.utils.checkpoint``), so memory grows with N·H, not N·V. Values and gradients are
 the plain path's (log-softmax and entropy in float32); the head is the model's own ``get_output_embeddings()``, so a
 head tied to the input embedding or wrapped by LoRA gets its gradient as usual (verl's fused PPO head works the
@@ -21,11 +21,12 @@ from rlx_cli.engine.batch import Rollout
 from rlx_cli.engine.precision import autocast
 
 LOGITS_PER_CHUNK = 2**22  # 16 MiB of float32 logits at a time (a chunk's backward holds a few such tensors)
-# ... but at least this many tokens. Each chunk reads the whole head, and under autograd adds into its whole gradient,
-# whatever its size: at Qwen2.5's 151,936-token vocabulary 2**22 logits were chunks of 27 tokens, about 9,700 of them
-# for 256 answers of 1,024 tokens. Liger-Kernel's fused linear cross-entropy sizes its chunks to about as many
-# logits as the input has hidden values (256 tokens in a 16k-token micro-batch at Qwen2.5-1.5B's shape), and larger
-# where speed matters. 1,024 tokens at that vocabulary are 0.6 GB of float32 logits.
+# ... but on a GPU at least this many tokens. Each chunk reads the whole head, and under autograd adds into its whole
+# gradient, whatever its size: at Qwen2.5's 151,936-token vocabulary 2**22 logits were chunks of 27 tokens, about
+# 9,700 of them for 256 answers of 1,024 tokens. With 1,024-token chunks (0.6 GB of float32 logits) a 1.5B step's
+# log-probs took 2.9 s instead of 9.5 and its update 12.8 s instead of 37.3 (an H200 against an H100;
+# docs/benchmarks.md). On the CPU the head's arithmetic dominates: the chunk size made no measurable difference in
+# time there, while 1,024-token chunks added ~320 MiB to the peak at a 32k vocabulary, so the CPU chunks by bytes.
 MIN_CHUNK_ROWS = 1024
 # config attributes of models whose CausalLM forward changes the logits after the head (Gemma 2/3, Cohere, Granite)
 LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
@@ -96,7 +97,7 @@ def head_logp(hidden: Tensor, head: nn.Module, targets: Tensor, temperature: flo
 
     The logits are divided by ``temperature`` (the sampling distribution's). Entropy H = logsumexp(z) − Σ p·z.
     """
-    rows = max(MIN_CHUNK_ROWS, LOGITS_PER_CHUNK // head.weight.shape[0])
+    rows = chunk_rows(head.weight.shape[0], hidden.device)
     recompute = torch.is_grad_enabled() and hidden.shape[0] > rows  # one chunk: nothing to save by recomputing
     pieces = []
     for start in range(0, max(hidden.shape[0], 1), rows):  # no token at all: one empty chunk, still on the graph
@@ -109,6 +110,11 @@ def head_logp(hidden: Tensor, head: nn.Module, targets: Tensor, temperature: flo
         pieces.append(piece)
     logp = torch.cat([p[0] for p in pieces])
     return logp, (torch.cat([p[1] for p in pieces]) if with_entropy else None)
+
+
+def chunk_rows(vocab: int, device: torch.device) -> int:
+    """Tokens per chunk of the output head: ``LOGITS_PER_CHUNK`` logits, on a GPU at least ``MIN_CHUNK_ROWS``."""
+    return max(1 if device.type == "cpu" else MIN_CHUNK_ROWS, LOGITS_PER_CHUNK // vocab)
 
 
 def _chunk(hidden: Tensor, targets: Tensor, head: nn.Module, temperature: float, with_entropy: bool):
