@@ -25,8 +25,9 @@ LOGITS_PER_CHUNK = 2**22  # 16 MiB of float32 logits at a time (a chunk's backwa
 # gradient, whatever its size: at Qwen2.5's 151,936-token vocabulary 2**22 logits were chunks of 27 tokens, about
 # 9,700 of them for 256 answers of 1,024 tokens. With 1,024-token chunks (0.6 GB of float32 logits) a 1.5B step's
 # log-probs took 2.9 s instead of 9.5 and its update 12.8 s instead of 37.3 (an H200 against an H100;
-# docs/benchmarks.md). On the CPU the head's arithmetic dominates: the chunk size made no measurable difference in
-# time there, while 1,024-token chunks added ~320 MiB to the peak at a 32k vocabulary, so the CPU chunks by bytes.
+# docs/benchmarks.md). On the CPU the head's arithmetic dominates: 1,024-token chunks were no faster (at hidden 896 and
+# a 152k vocabulary the same time, at hidden 256 and 32k slower than 131-token ones) and added ~320 MiB to the peak
+# at a 32k vocabulary, so the CPU chunks by bytes.
 MIN_CHUNK_ROWS = 1024
 # config attributes of models whose CausalLM forward changes the logits after the head (Gemma 2/3, Cohere, Granite)
 LOGIT_POSTPROCESSING = ("final_logit_softcapping", "logit_scale", "logits_scaling")
