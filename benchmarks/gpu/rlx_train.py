@@ -159,11 +159,8 @@ def device_facts(device: str) -> dict:
     import torch
     import transformers
 
-    facts = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
-    facts["device"] = device
-    if device == "cuda":
-        facts["device"] = torch.cuda.get_device_name()
-    return facts
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__}
+    return versions | {"device": torch.cuda.get_device_name() if device == "cuda" else device}
 
 
 def main() -> None:
