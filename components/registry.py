@@ -16,6 +16,7 @@ from typing import Any
 _FUNCTIONS: dict[str, dict[str, Callable]] = {}
 _RANGES: dict[tuple[str, str], dict[str, tuple[float, float]]] = {}
 _CHOICES: dict[tuple[str, str], dict[str, tuple]] = {}
+_ADVANTAGE_WEIGHTED: set[tuple[str, str]] = set()
 
 # Keys a group's YAML may carry besides the function's hyperparameters; the engine reads them.
 WIRING_KEYS: dict[str, frozenset[str]] = {
@@ -52,8 +53,13 @@ def register(
     *,
     ranges: dict[str, tuple[float, float]] | None = None,
     choices: dict[str, tuple] | None = None,
+    advantage_weighted: bool = False,
 ) -> Callable[[Callable], Callable]:
-    """Register ``fn`` as ``group/name``; ``ranges`` are inclusive bounds, ``choices`` allowed values."""
+    """Register ``fn`` as ``group/name``; ``ranges`` are inclusive bounds, ``choices`` allowed values.
+
+    ``advantage_weighted`` (policy losses): each row's loss is a multiple of its own advantages and depends on no
+    other row, so a row whose advantages are all 0 adds exactly 0 to the loss and to its gradient (the update then
+    skips that row's backward: ``rlx_cli/loops/update.py``)."""
 
     def decorate(fn: Callable) -> Callable:
         members = _FUNCTIONS.setdefault(group, {})
@@ -62,6 +68,8 @@ def register(
         members[name] = fn
         _RANGES[group, name] = dict(ranges or {})
         _CHOICES[group, name] = dict(choices or {})
+        if advantage_weighted:
+            _ADVANTAGE_WEIGHTED.add((group, name))
         return fn
 
     return decorate
@@ -82,6 +90,11 @@ def get(group: str, name: str) -> Callable:
     if name not in valid:
         raise RegistryError(f"unknown {group} '{name}' (valid: {', '.join(valid)})")
     return _FUNCTIONS[group][name]
+
+
+def advantage_weighted(group: str, name: str) -> bool:
+    """Whether ``group/name`` was registered ``advantage_weighted`` (see ``register``)."""
+    return (group, name) in _ADVANTAGE_WEIGHTED
 
 
 def hyperparameters(group: str, name: str) -> dict[str, Any]:

@@ -21,7 +21,8 @@ from conftest import SHORT, mlflow_runs, rlx, save_tiny_llama
 from safetensors.torch import load_file, save_file
 
 # (name, loss_agg mode, overrides): every loss_agg mode; full and LoRA; no critic, the LoRA critic and the full-model
-# one; KL in the loss, the entropy bonus, positive-sample NLL; then FSDP2 and ZeRO-1 on full, LoRA and VAPO's critic
+# one; KL in the loss, the entropy bonus, positive-sample NLL; then FSDP2 and ZeRO-1 on full (with and without rows
+# that skip the backward), LoRA and VAPO's critic
 CASES = [
     ("token_mean", "token_mean", ["model.finetune=full", "kl=estimate", "kl.placement=loss", "kl.coef=0.1"]),
     ("seq_mean_token_mean", "seq_mean_token_mean", ["model.finetune=lora", "policy_loss.entropy_coef=0.01"]),
@@ -33,6 +34,7 @@ CASES = [
         for strategy in ("fsdp", "zero1")
         for name, overrides in (
             ("full", ["model.finetune=full", "kl=estimate", "kl.placement=loss", "kl.coef=0.1"]),
+            ("grpo", ["model.finetune=full"]),  # rows without advantage skip the backward (update.frozen_rows)
             ("lora", ["model.finetune=lora", "policy_loss.entropy_coef=0.01"]),
             ("vapo", ["algo=vapo", "model.finetune=full"]),
             ("vapo-lora", ["algo=vapo", "model.finetune=lora"]),
@@ -94,7 +96,7 @@ def one_update(model_dir, mode: str, overrides: list[str]):
     old_logp, ref_logp = engine.logp(batch, 1.0), engine.logp(batch, 1.0, reference=True)
     values = engine.values(batch) if models.critic is not None else None
     noise = torch.randn(mask.shape, generator=torch.Generator().manual_seed(1))
-    advantages = noise * mask
+    advantages = noise * mask * (torch.arange(16) % 4 != 0).unsqueeze(1)  # a quarter of the rows skip the backward
     returns = None if values is None else (values + noise.flip(0)) * mask
     positive = torch.arange(16) % 3 == 0
 

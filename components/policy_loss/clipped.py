@@ -20,6 +20,7 @@ from components.registry import register
     "ppo_clip",
     ranges={"eps_low": (0.0, 1.0), "eps_high": (0.0, 1.0), "clip_ratio_c": (1.0, math.inf)},
     choices={"agg": MODES},
+    advantage_weighted=True,
 )
 def ppo_clip(
     logp: Tensor,

@@ -17,7 +17,13 @@ from components.policy_loss.ratios import corrected, fraction, ratio_metrics
 from components.registry import register
 
 
-@register("policy_loss", "gspo", ranges={"eps_low": (0.0, 1.0), "eps_high": (0.0, math.inf)}, choices={"agg": MODES})
+@register(
+    "policy_loss",
+    "gspo",
+    ranges={"eps_low": (0.0, 1.0), "eps_high": (0.0, math.inf)},
+    choices={"agg": MODES},
+    advantage_weighted=True,
+)
 def gspo(
     logp: Tensor,
     old_logp: Tensor,
@@ -70,6 +76,7 @@ def gspo(
     "cispo",
     ranges={"eps_low": (0.0, 1.0), "eps_high": (0.0, math.inf)},
     choices={"agg": MODES},
+    advantage_weighted=True,
 )
 def cispo(
     logp: Tensor,
@@ -113,7 +120,11 @@ def cispo(
 
 
 @register(
-    "policy_loss", "sapo", ranges={"tau_pos": (1e-6, math.inf), "tau_neg": (1e-6, math.inf)}, choices={"agg": MODES}
+    "policy_loss",
+    "sapo",
+    ranges={"tau_pos": (1e-6, math.inf), "tau_neg": (1e-6, math.inf)},
+    choices={"agg": MODES},
+    advantage_weighted=True,
 )
 def sapo(
     logp: Tensor,
@@ -156,7 +167,9 @@ def sapo(
     return loss, {k: v.detach() for k, v in metrics.items()}
 
 
-@register("policy_loss", "geo_mean", ranges={"eps_low": (0.0, math.inf), "eps_high": (0.0, math.inf)})
+@register(
+    "policy_loss", "geo_mean", ranges={"eps_low": (0.0, math.inf), "eps_high": (0.0, math.inf)}, advantage_weighted=True
+)
 def geo_mean(
     logp: Tensor,
     old_logp: Tensor,

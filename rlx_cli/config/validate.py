@@ -64,6 +64,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "trainer.max_skipped": (int, 0, 1_000_000),
     "trainer.threads": (int, 0, 1024),
     "trainer.micro_batch_tokens": (int, 1, 2**40),
+    "trainer.skip_zero_advantage": (bool, (True, False)),
     "trainer.precision": (str, PRECISIONS),
     "trainer.strategy": (str, STRATEGIES),
     "model.activation_checkpointing": (bool, (True, False)),

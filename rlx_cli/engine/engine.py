@@ -68,14 +68,17 @@ class Engine:
             yield
 
     # -- forwards without gradients ------------------------------------------------------------------------
-    def micro_batches(self, batch: Rollout) -> list[MicroBatch]:
-        """``batch`` under the token budget; under FSDP every process runs as many as the one with the most
-        (each forward gathers weights collectively), the extra ones empty (``MicroBatch.padding``)."""
-        micro = split(batch, self.budget)
+    def micro_batches(self, batch: Rollout, frozen: Tensor | None = None) -> list[MicroBatch]:
+        """``batch`` under the token budget (``frozen`` [B] bool: rows that train nothing, apart and first:
+        ``microbatch.split``); under FSDP every process runs as many of each kind as the one with the most (each
+        forward gathers weights collectively, each backward reduces gradients), the extra ones empty
+        (``MicroBatch.padding``)."""
+        micro = split(batch, self.budget, frozen)
         if len(micro) > 1:
             map_large_allocations()
         if self.strategy == "fsdp":
-            micro += [MicroBatch.empty_like(micro[0])] * (distributed.largest(len(micro)) - len(micro))
+            kinds = (True,) if frozen is None else (False, True)
+            micro = [mb for trains in kinds for mb in pad_to_largest(micro, trains)]
         return micro
 
     @torch.no_grad()
@@ -102,3 +105,11 @@ class Engine:
         """Sum ``optimizer``'s gradients over processes, clip their norm to ``max_norm`` -> the norm before."""
         sharding.reduce_gradients(optimizer, self.strategy)
         return sharding.clip_gradients(params, max_norm or float("inf"))
+
+
+def pad_to_largest(micro: list[MicroBatch], trains: bool) -> list[MicroBatch]:
+    """``micro``'s micro-batches of one kind (``trains``), padded with empty stand-ins to the most that any process
+    has of that kind (a collective: every process calls it)."""
+    mine = [mb for mb in micro if mb.trains == trains]
+    stand_in = MicroBatch.empty_like(micro[0], trains)
+    return mine + [stand_in] * (distributed.largest(len(mine)) - len(mine))

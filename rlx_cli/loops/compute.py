@@ -4,7 +4,8 @@
   one sampling pass, the critic's pretraining batches (evaluation's answers are not counted);
 - ``perf/tokens``: the response tokens of those answers;
 - ``perf/train_tokens``: response tokens through an update's forward and backward, once per epoch (the policy's
-  and the critic's pretraining; a pair counts both its answers);
+  and the critic's pretraining; a pair counts both its answers; rows that skip the backward for want of any
+  advantage, ``trainer.skip_zero_advantage``, do not count);
 - ``perf/wall_s``: seconds inside the training loop (pretraining and evaluations included), summed over resumes.
 
 The counts live in ``TrainState.compute`` and so in every checkpoint: a resumed run goes on counting.

@@ -11,6 +11,13 @@ For each minibatch (with N processes, this process's slice of it: ``distributed.
    norm is NaN/inf is skipped (``guard.guarded_step``) and counted (``guard.count_update``).
 
 Metrics are the same weighted sums (``*_max`` metrics the largest value), so they are the minibatch's too.
+
+Rows whose advantages are all 0 (a GRPO group whose answers all scored alike) have a gradient of exactly 0 when
+nothing but an ``advantage_weighted`` policy loss trains them (``frozen_rows``). With ``trainer.skip_zero_advantage``
+(the default) they go to micro-batches of their own that run the forward and the components without gradients, for
+the metrics and the log-probs, and no backward. The normalisers stay the whole minibatch's, so the update, its
+metrics and the log-probs it hands back are those of the full backward; it costs a forward instead of a forward and
+a backward on those rows (``perf/train_tokens`` counts the rows that ran a backward).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import math
 import torch
 
 from components import advantage as adv_lib
+from components import registry
 from components import token_filter as filters
 from components.lm_loss import positive_token_count
 from components.loss_agg import aggregate, denominator
@@ -56,7 +64,9 @@ def update_step(
     totals: dict[str, float] = {}
     count = 0
     seen = torch.zeros_like(batch.response_mask) if old_logp is None else None
-    count_trained(state.compute, cfg.trainer.epochs * batch.tokens())  # every process holds the whole batch
+    frozen = frozen_rows(cfg, parts.components, advantages, batch.response_mask)
+    trained = batch.tokens() if frozen is None else float(batch.response_mask[~frozen].sum())
+    count_trained(state.compute, cfg.trainer.epochs * trained)  # every process holds the whole batch
     for _ in range(cfg.trainer.epochs):
         for rows in distributed.minibatch_rows(batch.responses.shape[0], cfg.trainer.minibatches):
             minibatch = batch.select(rows)
@@ -66,7 +76,8 @@ def update_step(
                 "ref_logp": None if ref_logp is None else ref_logp[rows],
                 "positive": positive[rows],
             }
-            metrics, stepped, logp = policy_update(cfg, parts, step, minibatch, tensors, agg_mode)
+            skip = None if frozen is None else frozen[rows]
+            metrics, stepped, logp = policy_update(cfg, parts, step, minibatch, tensors, agg_mode, skip)
             if seen is not None:
                 seen[rows] = logp
             if critic is not None:
@@ -82,32 +93,35 @@ def update_step(
     return {k: v / count for k, v in totals.items()}, seen
 
 
-def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dict, agg_mode: str):
-    """One optimizer step of the policy on ``minibatch`` (this process's rows) -> (metrics of the whole minibatch,
-    whether it stepped, this process's detached log-probs [b, T])."""
+def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dict, agg_mode: str, frozen=None):
+    """One optimizer step of the policy on ``minibatch`` (this process's rows; ``frozen`` [b] bool: rows that
+    skip the backward, ``frozen_rows``) -> (metrics of the whole minibatch, whether it stepped, this process's
+    detached log-probs [b, T])."""
     comp, engine, lm = parts.components, parts.engine, parts.components["lm_loss"]
     mask = minibatch.response_mask
     normaliser = distributed.total(float(denominator(mask, mode=agg_mode)))
     positives = distributed.total(float(positive_token_count(mask, tensors["positive"])))
-    micro = engine.micro_batches(minibatch)
+    micro = engine.micro_batches(minibatch, frozen)
     parts.policy_optimizer.zero_grad(set_to_none=True)
     sums = Sums()
     logps = []
     for mb in micro:
-        logp, entropy = parts.models.scorer(mb.batch, cfg.rollout.temperature, with_entropy=True)
-        real = mb.batch.response_mask
-        t = {name: cut(x, mb) for name, x in tensors.items()}
-        t.update(logp=logp, mask=real, old_logp=logp.detach() if t["old_logp"] is None else t["old_logp"])
-        t["rollout_logp"] = mb.batch.sampler_logp
-        loss, metrics = micro_loss(comp, t, entropy, agg_mode)
-        weight = share(denominator(real, mode=agg_mode), normaliser, mb.padding)
-        objective = weight * loss
-        if lm.wiring["coef"] > 0:
-            lm_share = share(positive_token_count(real, t["positive"]), positives, mb.padding)
-            objective = objective + lm_share * lm.wiring["coef"] * lm(t)
+        with torch.set_grad_enabled(mb.trains):
+            logp, entropy = parts.models.scorer(mb.batch, cfg.rollout.temperature, with_entropy=True)
+            real = mb.batch.response_mask
+            t = {name: cut(x, mb) for name, x in tensors.items()}
+            t.update(logp=logp, mask=real, old_logp=logp.detach() if t["old_logp"] is None else t["old_logp"])
+            t["rollout_logp"] = mb.batch.sampler_logp
+            loss, metrics = micro_loss(comp, t, entropy, agg_mode)
+            weight = share(denominator(real, mode=agg_mode), normaliser, mb.padding)
+            objective = weight * loss
+            if lm.wiring["coef"] > 0:
+                lm_share = share(positive_token_count(real, t["positive"]), positives, mb.padding)
+                objective = objective + lm_share * lm.wiring["coef"] * lm(t)
         if nan_injected(step):
             objective = objective * math.nan
-        engine.backward(objective)
+        if mb.trains:
+            engine.backward(objective)
         sums.add({"train/loss": objective.item()}, 1.0)
         sums.add(metrics, weight)
         logps.append(logp.detach())
@@ -117,6 +131,26 @@ def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dic
     stepped = guarded_step(parts.policy_optimizer, loss, grad_norm)
     metrics = distributed.combine({**sums.totals, "train/grad_norm": float(grad_norm) / distributed.size()})
     return metrics, stepped, place(logps, micro, tuple(mask.shape))
+
+
+def frozen_rows(cfg, comp: dict, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+    """``[B]`` bool: the rows whose gradient is exactly 0, every advantage on their real tokens 0 (``advantages``,
+    ``mask``: ``[B, T]``) -> None where no row may skip its backward: ``trainer.skip_zero_advantage`` off, or a
+    term that trains a row whatever its advantage: a policy loss not registered ``advantage_weighted`` (Clip-Cov
+    and KL-Cov pick tokens by covariances over the micro-batch), an entropy bonus, KL in the loss, an LM loss, or a
+    token filter (its pool is the micro-batch)."""
+    pl, kl = comp["policy_loss"], comp["kl"]
+    trains_anyway = (
+        pl.wiring.get("entropy_coef", 0.0) > 0
+        or (kl.wiring["placement"] == "loss" and kl.wiring["coef"] > 0)
+        or comp["lm_loss"].wiring["coef"] > 0
+        or comp["token_filter"].fn is not filters.none
+    )
+    if not cfg.trainer.skip_zero_advantage or trains_anyway:
+        return None
+    if not registry.advantage_weighted("policy_loss", cfg.policy_loss.name):
+        return None
+    return ~((advantages != 0) & (mask > 0)).any(-1)
 
 
 def micro_loss(comp: dict, t: dict, entropy: torch.Tensor, agg_mode: str) -> tuple[torch.Tensor, dict[str, float]]:
