@@ -11,10 +11,14 @@ and tokenizer; the sums verifier as the reward; no KL (TRL ``beta=0``; rlx ``alg
 reference forward runs only every ``kl.measure_every`` steps, for the ``train/kl`` metric); one AdamW step
 (lr, betas 0.9/0.98, no weight decay, grad clip 1) on all 128 completions (rlx
 ``trainer.minibatches=1``; TRL ``per_device_train_batch_size=128``, one iteration); float32, no gradient
-checkpointing, one thread each (``--threads``). A step is the wall time from one step's start to the next one's (logging
-included), medians over ``--steps`` steps after ``--warmup``; each round runs rlx and TRL back to back, the
-order alternating between rounds. Breakdown: ``generate`` (the model's generate call), ``logp`` (forwards
-without gradient: old/reference log-probs), ``rest`` (the update: forward, backward, optimizer, and bookkeeping).
+checkpointing, one thread each (``--threads``). The same update, not the same arithmetic: rlx runs only the forward
+of completions whose advantage is 0 (a group whose answers all scored alike), whose gradient is exactly 0
+(``trainer.skip_zero_advantage``, on by default); TRL runs their backward too. ``--rlx-set
+trainer.skip_zero_advantage=false`` runs rlx's backward on every completion. A step is the wall time from one
+step's start to the next one's (logging included), medians over ``--steps`` steps after ``--warmup``; each round
+runs rlx and TRL back to back, the order alternating between rounds. Breakdown: ``generate`` (the model's generate
+call), ``logp`` (forwards without gradient: old/reference log-probs, and rlx's forwards of the completions without
+advantage), ``rest`` (the update: forward, backward, optimizer, and bookkeeping).
 
 ``--device cuda --precision bf16-mixed --checkpointing``: the same work on a GPU, bfloat16 autocast over float32
 masters on both sides (TRL ``bf16=True``) and each decoder layer recomputed in backward (TRL
@@ -59,6 +63,7 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16-mixed"], help="bf16-mixed: TRL bf16")
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing on both sides")
     parser.add_argument("--rlx-tracking", default="mlflow", choices=["mlflow", "none"])
+    parser.add_argument("--rlx-set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides for rlx train")
     parser.add_argument("--json", default=None, help="where to write the results (default benchmarks/results/)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     parser.add_argument("--collect", metavar="DIR", help="summarise the worker files a cut-short run left in DIR")
@@ -125,6 +130,7 @@ def main() -> None:
                     "--precision",
                     args.precision,
                     *(["--checkpointing"] if args.checkpointing else []),
+                    *(["--rlx-set", *args.rlx_set] if args.rlx_set else []),
                     "--out",
                     str(out),
                 ]

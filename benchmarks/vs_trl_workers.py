@@ -123,6 +123,7 @@ def rlx_worker(args) -> dict:
         f"rollout.max_new_tokens={args.new_tokens}",
         f"trainer.output_dir={out_dir}",
         f"tracking={args.rlx_tracking}",
+        *args.rlx_set,
     ]
     run.train_command(overrides)
     shutil.rmtree(out_dir, ignore_errors=True)
