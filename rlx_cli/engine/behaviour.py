@@ -9,10 +9,10 @@ never change). Those versions are part of a checkpoint, so a resumed run samples
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import Tensor, nn
+
+from rlx_cli.engine.precision import copy_in_dtype
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # rollout.dtype
 
@@ -22,7 +22,7 @@ class Behaviour:
 
     def __init__(self, policy: nn.Module, *, lag: int, dtype: str):
         self.lag = lag
-        self.model = copy.deepcopy(policy).to(DTYPES[dtype])
+        self.model = copy_in_dtype(policy, DTYPES[dtype])
         self.model.requires_grad_(False)
         self.versions: list[dict[str, Tensor]] = []  # oldest first; the newest is the policy at the last refresh
 

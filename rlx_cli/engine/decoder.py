@@ -21,9 +21,15 @@ ARCHITECTURES = ("llama", "qwen2")  # decoder layers these functions compute as 
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")  # angles that change with the sequence's length: no fixed table
 
 
+# where the forward hooks that leave a module's numbers alone come from: FSDP2's gathering of a unit's parameters,
+# and transformers' make_inputs_require_grads on the embeddings under activation checkpointing
+VALUE_PRESERVING_HOOKS = ("torch.distributed.", "transformers.modeling_utils")
+
+
 def unsupported(lm: nn.Module) -> str | None:
     """What in causal LM ``lm`` these functions do not compute (None: nothing): an architecture other than Llama
-    or Qwen2, sliding-window attention, or rotary angles that depend on the sequence's length."""
+    or Qwen2, sliding-window attention, rotary angles that depend on the sequence's length, or a forward hook (these
+    functions call few of the model's modules, so a hook on any other would not run)."""
     what = lm.config.model_type
     if what not in ARCHITECTURES:
         return what
@@ -32,6 +38,19 @@ def unsupported(lm: nn.Module) -> str | None:
         return f"{what} with sliding-window attention"
     if any(kind in rope_type for kind in LENGTH_DEPENDENT_ROPE):
         return f"{what} with {rope_type} rotary scaling"
+    hooked = hooked_module(lm)
+    if hooked is not None:
+        return f"{what} with a forward hook on {hooked}"
+    return None
+
+
+def hooked_module(lm: nn.Module) -> str | None:
+    """The name of the first module of ``lm`` with a forward hook or pre-hook that may change what it computes (one
+    not from ``VALUE_PRESERVING_HOOKS``); None if there is none."""
+    for name, module in lm.named_modules():
+        hooks = [*module._forward_pre_hooks.values(), *module._forward_hooks.values()]
+        if any(not getattr(hook, "__module__", "").startswith(VALUE_PRESERVING_HOOKS) for hook in hooks):
+            return name or "the model itself"
     return None
 
 
@@ -107,7 +126,7 @@ def project(
     value [b, kv_heads, q, D], query and key rotated by ``angles`` (cos, signed sin [b, 1, q, D])."""
     shape = (*x.shape[:-1], -1, attention.head_dim)
     key, value = (p(x).view(shape).transpose(1, 2) for p in (attention.k_proj, attention.v_proj))
-    wanted = x[:, start:]
+    wanted = x[:, start:].contiguous()  # in bf16 a biased projection of the strided slice rounds otherwise
     query = attention.q_proj(wanted).view(*wanted.shape[:-1], -1, attention.head_dim).transpose(1, 2)
     cos, sin = angles
     return rope(query, cos[:, :, start:], sin[:, :, start:]), rope(key, cos, sin), value

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 from contextlib import contextmanager, nullcontext
@@ -17,7 +16,14 @@ from rlx_cli.config.errors import UserError
 from rlx_cli.config.wiring import FROM_POLICY
 from rlx_cli.engine.batch import Rollout
 from rlx_cli.engine.logprobs import Scorer, causal_lm, postprocessed_logits
-from rlx_cli.engine.precision import autocast, compute_dtype, frozen_dtype, full_precision, trained_dtype
+from rlx_cli.engine.precision import (
+    autocast,
+    compute_dtype,
+    copy_in_dtype,
+    frozen_dtype,
+    full_precision,
+    trained_dtype,
+)
 
 
 @dataclass
@@ -113,7 +119,7 @@ def build_models(
         critic = SharedCritic(scorer, config) if needs_critic and critic_cfg.init in FROM_POLICY else None
     else:
         policy, tokenizer = load_pretrained(path, model_cfg, trained)
-        reference = copy.deepcopy(policy).to(frozen).eval().requires_grad_(False)
+        reference = copy_in_dtype(policy, frozen).eval().requires_grad_(False)
         scorer, reference_scorer, critic = Scorer(policy, compute), Scorer(reference, compute), None
     if needs_critic and critic is None:
         critic = Critic.from_weights(path, model_cfg, critic_cfg, dtype=trained, compute_dtype=compute)

@@ -14,9 +14,11 @@ the value head compute in float32 whatever the weights. Its choices and ``auto``
 
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
 
 import torch
+from torch import nn
 
 
 def trained_dtype(precision: str) -> torch.dtype:
@@ -44,3 +46,23 @@ def autocast(dtype: torch.dtype | None, device: torch.device):
 def full_precision(device: torch.device):
     """Autocast off inside (float32 heads under ``bf16-mixed``)."""
     return torch.autocast(device.type, enabled=False)
+
+
+def copy_in_dtype(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A copy of ``model`` in ``dtype`` as transformers' ``from_pretrained(..., dtype=dtype)`` makes one: floating
+    parameters and the buffers a checkpoint holds (persistent ones) cast, except in the modules the model class keeps
+    in float32 (``_keep_in_fp32_modules``); the buffers it computes at build time (non-persistent: the rotary
+    frequencies ``inv_freq``) keep their dtype. ``model.to(bfloat16)`` would round those frequencies too, and the
+    rotary angles with them: 0.07–0.36 nats of log-prob by position 512 against transformers' own bf16 model."""
+    twin = copy.deepcopy(model)
+    float32 = set().union(*(getattr(m, "_keep_in_fp32_modules", None) or () for m in twin.modules()))
+    for name, module in twin.named_modules():
+        if float32 & set(name.split(".")):
+            continue
+        for p in module._parameters.values():
+            if p is not None and p.is_floating_point():
+                p.data = p.data.to(dtype)
+        for key, b in module._buffers.items():
+            if b is not None and b.is_floating_point() and key not in module._non_persistent_buffers_set:
+                module._buffers[key] = b.to(dtype)
+    return twin

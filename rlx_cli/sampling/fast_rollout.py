@@ -66,12 +66,12 @@ class FastSampler(HFSampler):
 
 def check_architecture(model: nn.Module) -> None:
     """A UserError unless ``model``'s decoder layers are ones ``decode`` computes: Llama or Qwen2, full attention,
-    rotary angles that depend on the position only."""
+    rotary angles that depend on the position only, no forward hooks."""
     what = decoder.unsupported(causal_lm(model))
     if what is not None:
         raise UserError(
             f"rollout=fast computes {' and '.join(decoder.ARCHITECTURES)} decoder layers (full attention, fixed "
-            f"rotary angles), not {what} (valid: rollout=hf for this model)"
+            f"rotary angles, no forward hooks), not {what} (valid: rollout=hf for this model)"
         )
 
 
