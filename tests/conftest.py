@@ -63,6 +63,16 @@ def save_tiny_llama(path: Path, *, layers: int, heads: int, head_dim: int, tie: 
     return path
 
 
+def undocumented_metrics(names) -> list[str]:
+    """The metric ``names`` that docs/metrics.md's tables do not define (``eval/pass_at_<k>`` stands for every k)."""
+    import re
+
+    text = (REPO / "docs" / "metrics.md").read_text()
+    table = set(re.findall(r"^\| `([^`]+)` \| .+ \|$", text, flags=re.M))
+    prefixed = re.findall(r"`((?:value_pretrain|reward_fit)/[a-z_]+)`", text)
+    return [n for n in names if re.sub(r"pass_at_\d+", "pass_at_<k>", n) not in table | set(prefixed)]
+
+
 def mlflow_runs(workdir: Path, experiment: str = "rlx"):
     """All runs of ``experiment`` in the test's store as a DataFrame (empty if there is none)."""
     import mlflow

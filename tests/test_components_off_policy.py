@@ -74,7 +74,7 @@ def test_sapo_gate_value_and_gradient():
     assert loss.item() == pytest.approx((-2.0 + sig * 4 / 1.05) / 2, abs=1e-12)
     loss.backward()
     close(logp.grad, [[-1.0 / 2, 4 * sig * (1 - sig) * r / 2]], 1e-12)
-    assert metrics["gate_mean"].item() == pytest.approx((1.0 + 4 * sig * (1 - sig)) / 2)
+    assert metrics["gate_slope_mean"].item() == pytest.approx((1.0 + 4 * sig * (1 - sig)) / 2)
 
 
 def test_geo_mean_clips_in_log_space_by_the_sign_of_the_advantage():

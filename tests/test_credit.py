@@ -281,10 +281,10 @@ def test_a_step_verifier_that_cannot_be_imported_is_one_line_naming_the_key(tmp_
     settings = dict(path=data, eval_path=None, eval_fraction=0.25, prompt_field="prompt", answer_field="answer")
     settings.update(template="{prompt}", verifier="exact", answer_pattern=None, verifier_timeout=1.0)
     with pytest.raises(UserError, match=r"task.step_verifier=no_such_module:steps cannot be imported"):
-        FileTask(**settings, chat_template=False, step_verifier="no_such_module:steps")
+        FileTask(**settings, step_verifier="no_such_module:steps")
     with pytest.raises(UserError, match=r"task.step_verifier=steps is not valid \(valid: module:function\)"):
-        FileTask(**settings, chat_template=False, step_verifier="steps")
-    assert not FileTask(**settings, chat_template=False).scores_steps
+        FileTask(**settings, step_verifier="steps")
+    assert not FileTask(**settings).scores_steps
 
 
 def test_a_resumed_rft_run_needs_its_answers_drawn_for_the_same_settings(tmp_path):

@@ -34,7 +34,7 @@ CASES = [
         for strategy in ("fsdp", "zero1")
         for name, overrides in (
             ("full", ["model.finetune=full", "kl=estimate", "kl.placement=loss", "kl.coef=0.1"]),
-            ("grpo", ["model.finetune=full"]),  # rows without advantage skip the backward (update.frozen_rows)
+            ("grpo", ["model.finetune=full"]),  # rows without advantage skip the backward (objective.forward_only_rows)
             ("lora", ["model.finetune=lora", "policy_loss.entropy_coef=0.01"]),
             ("vapo", ["algo=vapo", "model.finetune=full"]),
             ("vapo-lora", ["algo=vapo", "model.finetune=lora"]),

@@ -26,7 +26,6 @@ def gym(dataset="chain_sum", config=None, answer_format="tag", eval_size=50, tem
         eval_seed=1234,
         template=template,
         answer_format=answer_format,
-        chat_template=True,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 import pytest
-from conftest import SHORT
+from conftest import SHORT, undocumented_metrics
 
 from rlx_cli.config.compose import compose, flat, group_choices, job_config
 from rlx_cli.config.errors import UserError
@@ -94,6 +94,7 @@ def test_every_preset_trains_three_steps(workdir, algo):
     final = train_command([f"algo={algo}", *SHORT, "value_pretrain.steps=2", "tracking=none", "trainer.output_dir=out"])
     assert 0.0 <= final["eval/accuracy"] <= 1.0 and final["train/response_len"] > 0
     assert (workdir / "out" / "final").is_dir()
+    assert not undocumented_metrics(final), "metrics missing from docs/metrics.md"
 
 
 @pytest.mark.slow

@@ -175,3 +175,12 @@ def test_plot_fits(tmp_path):
     path = plot_fits({"arm": (curves, fit_pooled(curves)), "flat": (flat, fit_pooled(flat))}, tmp_path / "s.png",
                      xlabel="GPU-hours", ylabel="pass@1")  # fmt: skip
     assert path == tmp_path / "s.png" and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_are_ordered_by_seed_as_numbers():
+    from types import SimpleNamespace
+
+    from rlx_cli.studies.scaling_report import seed_order
+
+    runs = [SimpleNamespace(data=SimpleNamespace(tags={"rlx.seed": s})) for s in ("10", "2", "0", "1")]
+    assert [r.data.tags["rlx.seed"] for r in sorted(runs, key=seed_order)] == ["0", "1", "2", "10"]

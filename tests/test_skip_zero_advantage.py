@@ -81,16 +81,16 @@ ADVANTAGES = torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 2.0], [0
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # row 2's 2.0 is padding
 
 
-def frozen(overrides: list[str]):
-    from rlx_cli.loops.update import frozen_rows
+def forward_only(overrides: list[str]):
+    from rlx_cli.loops.objective import forward_only_rows
 
     cfg = compose(overrides)
-    return frozen_rows(cfg, components_of(cfg), ADVANTAGES, MASK)
+    return forward_only_rows(cfg, components_of(cfg), ADVANTAGES, MASK)
 
 
 @pytest.mark.parametrize("algo", ["grpo", "dapo", "rloo", "reinforce_pp", "cispo", "gspo", "gmpo", "sapo", "ppo"])
-def test_rows_whose_real_tokens_have_no_advantage_are_frozen(algo):
-    assert frozen([f"algo={algo}"]).tolist() == [True, False, True, True]  # a row without real tokens too
+def test_rows_whose_real_tokens_have_no_advantage_run_forward_only(algo):
+    assert forward_only([f"algo={algo}"]).tolist() == [True, False, True, True]  # a row without real tokens too
 
 
 @pytest.mark.parametrize(
@@ -109,5 +109,5 @@ def test_rows_whose_real_tokens_have_no_advantage_are_frozen(algo):
     ],
     ids=lambda o: " ".join(o),
 )
-def test_nothing_is_frozen_where_a_row_trains_without_advantage(overrides):
-    assert frozen(["algo=grpo", *overrides]) is None
+def test_no_row_is_forward_only_where_a_row_trains_without_advantage(overrides):
+    assert forward_only(["algo=grpo", *overrides]) is None

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from components.loss_agg import MODES, aggregate
 from components.masked import as_bool, masked_count, masked_mean, masked_sum, masked_top_k, share_count
-from components.policy_loss.ratios import corrected, fraction, ratio_metrics
+from components.policy_loss.ratios import clamped_ratio, corrected, fraction, ratio_metrics
 from components.registry import register
 
 
@@ -48,8 +48,7 @@ def ppo_clip(
     ``approx_kl`` (mean of old_logp − logp, verl's ``ppo_kl``), ``ratio_mean``, ``ratio_max``.
     """
     advantages = advantages.detach()
-    log_ratio = (logp - old_logp.detach()).clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
+    log_ratio, ratio = clamped_ratio(logp, old_logp)
     clipped_ratio = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.maximum(-advantages * ratio, -advantages * clipped_ratio)
     negative = advantages < 0
@@ -116,8 +115,7 @@ def clip_cov(
     ``clip_frac_low``, ``approx_kl``, ``ratio_mean``, ``ratio_max``.
     """
     advantages = advantages.detach()
-    log_ratio = (logp - old_logp.detach()).clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
+    log_ratio, ratio = clamped_ratio(logp, old_logp)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.maximum(unclipped, clipped)
@@ -179,8 +177,7 @@ def kl_cov(
     """
     advantages = advantages.detach()
     difference = logp - old_logp.detach()
-    log_ratio = difference.clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
+    log_ratio, ratio = clamped_ratio(logp, old_logp)
     with torch.no_grad():
         real = as_bool(mask)
         cov = centred_covariance(advantages, logp, real)

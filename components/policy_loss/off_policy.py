@@ -12,8 +12,15 @@ import torch
 from torch import Tensor
 
 from components.loss_agg import MODES, aggregate
-from components.masked import as_bool, masked_count, masked_max, masked_mean, masked_sum
-from components.policy_loss.ratios import corrected, fraction, ratio_metrics
+from components.masked import as_bool, masked_count, masked_mean, masked_sum
+from components.policy_loss.ratios import (
+    clamped_ratio,
+    corrected,
+    fraction,
+    ratio_metrics,
+    sequence_log_ratio,
+    sequence_ratio_metrics,
+)
 from components.registry import register
 
 
@@ -49,24 +56,19 @@ def gspo(
     ``approx_kl``, ``ratio_mean`` and ``ratio_max`` of the token ratios.
     """
     advantages = advantages.detach()
-    difference = logp - old_logp.detach()
     real = as_bool(mask)
-    seq_log_ratio = masked_sum(difference, real, dim=-1) / masked_count(real, dim=-1).clamp(min=1)  # [B]
+    seq_log_ratio = sequence_log_ratio(logp, old_logp, real)  # [B]
     log_s = (logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
     s = torch.exp(log_s)
     per_token = torch.maximum(-advantages * s, -advantages * s.clamp(1.0 - eps_low, 1.0 + eps_high))
     loss = aggregate(corrected(per_token, weights), mask, mode=agg)
 
     with torch.no_grad():
-        log_ratio = difference.clamp(-20.0, 20.0)
-        rows = real.any(-1)
-        seq_ratio = torch.exp(seq_log_ratio.clamp(max=10.0))
         metrics = {
             "clip_frac_high": fraction((advantages > 0) & (s > 1.0 + eps_high), real),
             "clip_frac_low": fraction((advantages < 0) & (s < 1.0 - eps_low), real),
-            "seq_ratio_mean": masked_mean(seq_ratio, rows),
-            "seq_ratio_max": masked_max(seq_ratio, rows),
-            **ratio_metrics(advantages, log_ratio, torch.exp(log_ratio), real),
+            **sequence_ratio_metrics(seq_log_ratio, real),
+            **ratio_metrics(advantages, *clamped_ratio(logp, old_logp), real),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
 
@@ -97,12 +99,12 @@ def cispo(
     recommended ``epsilon_high`` (an absolute cap there). Times ``weights``, aggregated by ``loss_agg`` (the paper:
     a token-level mean).
 
-    Metrics: ``clip_frac_high`` (real tokens with r > 1 + eps_high, either sign of A), ``clip_frac_low``
-    (r < 1 − eps_low; 0 without a lower bound), ``approx_kl``, ``ratio_mean``, ``ratio_max``.
+    Metrics: ``clip_frac_high`` (real tokens with A ≠ 0 and r > 1 + eps_high: either sign, as the capped weight
+    changes the gradient of both, where PPO's clip changes only A > 0's), ``clip_frac_low`` (A ≠ 0 and r < 1 −
+    eps_low; 0 without a lower bound), ``approx_kl``, ``ratio_mean``, ``ratio_max``.
     """
     advantages = advantages.detach()
-    log_ratio = (logp - old_logp.detach()).clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
+    log_ratio, ratio = clamped_ratio(logp, old_logp)
     low = None if eps_low is None else 1.0 - eps_low
     weight = ratio.detach().clamp(low, 1.0 + eps_high)
     per_token = -weight * advantages * logp
@@ -111,9 +113,10 @@ def cispo(
     with torch.no_grad():
         real = as_bool(mask)
         below = torch.zeros_like(real) if low is None else ratio < low
+        weighted = advantages != 0  # a token without advantage has no gradient for a bound to change
         metrics = {
-            "clip_frac_high": fraction(ratio > 1.0 + eps_high, real),
-            "clip_frac_low": fraction(below, real),
+            "clip_frac_high": fraction(weighted & (ratio > 1.0 + eps_high), real),
+            "clip_frac_low": fraction(weighted & below, real),
             **ratio_metrics(advantages, log_ratio, ratio, real),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
@@ -144,13 +147,13 @@ def sapo(
     gradient is PPO's; far from 1 it fades smoothly instead of stopping. Times ``weights``, aggregated by
     ``loss_agg`` (the paper and verl: ``seq_mean_token_mean``).
 
-    Metrics: ``gate_mean`` (mean f' = τ·σ(1 − σ)·4/τ = 4σ(1 − σ), the gradient's share left: 1 on-policy),
-    ``gate_low_frac`` (real tokens whose gradient share fell below a half), ``approx_kl``, ``ratio_mean``,
-    ``ratio_max``.
+    Metrics: ``gate_slope_mean`` (mean over the real tokens of f'(r) = τ·σ(1 − σ)·4/τ = 4σ(1 − σ): for A ≠ 0 the
+    share of the unclipped policy gradient the token keeps, 1 on-policy; a mean over every real token, as the
+    engine averages metrics over micro-batches by their tokens), ``gate_slope_low_frac`` (real tokens with A ≠ 0
+    whose share fell below a half), ``approx_kl``, ``ratio_mean``, ``ratio_max``.
     """
     advantages = advantages.detach()
-    log_ratio = (logp - old_logp.detach()).clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
+    log_ratio, ratio = clamped_ratio(logp, old_logp)
     tau = torch.where(advantages > 0, ratio.new_tensor(tau_pos), ratio.new_tensor(tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0))
     per_token = -(gate * 4.0 / tau) * advantages
@@ -159,9 +162,10 @@ def sapo(
     with torch.no_grad():
         real = as_bool(mask)
         slope = 4.0 * gate * (1.0 - gate)
+        weighted = advantages != 0  # a token without advantage has no gradient to keep a share of
         metrics = {
-            "gate_mean": masked_mean(slope, real),
-            "gate_low_frac": fraction(slope < 0.5, real),
+            "gate_slope_mean": masked_mean(slope, real),
+            "gate_slope_low_frac": fraction(weighted & (slope < 0.5), real),
             **ratio_metrics(advantages, log_ratio, ratio, real),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}
@@ -190,8 +194,8 @@ def geo_mean(
     as in verl. The engine weights micro-batches by rows: ``loss_agg.mode`` must be ``seq_mean_token_mean``.
 
     Metrics: ``clip_frac_high`` / ``clip_frac_low`` (real tokens with A > 0 and log r > eps_high / A < 0 and
-    log r < −eps_low), ``seq_ratio_mean`` / ``seq_ratio_max`` (ρ over real rows), ``approx_kl``, ``ratio_mean``,
-    ``ratio_max``.
+    log r < −eps_low), ``seq_ratio_mean`` / ``seq_ratio_max`` (as GSPO's: the geometric mean of the unclipped token
+    ratios over real rows; ρ is its clipped counterpart), ``approx_kl``, ``ratio_mean``, ``ratio_max``.
     """
     advantages = advantages.detach()
     difference = logp - old_logp.detach()
@@ -208,12 +212,10 @@ def geo_mean(
     loss = masked_sum(per_row, rows) / masked_count(rows).clamp(min=1)
 
     with torch.no_grad():
-        log_ratio = difference.clamp(-20.0, 20.0)
         metrics = {
             "clip_frac_high": fraction((advantages > 0) & (difference > eps_high), real),
             "clip_frac_low": fraction((advantages < 0) & (difference < -eps_low), real),
-            "seq_ratio_mean": masked_mean(rho, rows),
-            "seq_ratio_max": masked_max(rho, rows),
-            **ratio_metrics(advantages, log_ratio, torch.exp(log_ratio), real),
+            **sequence_ratio_metrics(sequence_log_ratio(logp, old_logp, real), real),
+            **ratio_metrics(advantages, *clamped_ratio(logp, old_logp), real),
         }
     return loss, {k: v.detach() for k, v in metrics.items()}

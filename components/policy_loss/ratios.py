@@ -1,10 +1,35 @@
-"""What the policy losses share: rollout-correction weights on a per-token loss, and the ratio metrics."""
+"""What the policy losses share: the clamped ratio, rollout-correction weights on a per-token loss, and the ratio
+metrics. Their meanings, one per name across every loss: docs/metrics.md."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-from components.masked import masked_max, masked_mean
+from components.masked import masked_count, masked_max, masked_mean, masked_sum
+
+LOG_RATIO_CLAMP = 20.0  # verl's clamp of log r, against overflow in exp
+
+
+def clamped_ratio(logp: Tensor, old_logp: Tensor) -> tuple[Tensor, Tensor]:
+    """(log r, r) ``[B, T]``: log r = clamp(logp − sg(old_logp), −20, 20), r = exp(log r); the gradient flows
+    through ``logp`` only (0 where the clamp is active)."""
+    log_ratio = (logp - old_logp.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return log_ratio, torch.exp(log_ratio)
+
+
+def sequence_log_ratio(logp: Tensor, old_logp: Tensor, real: Tensor) -> Tensor:
+    """log s ``[B]``: the mean over each row's real tokens of logp − sg(old_logp), unclamped (GSPO's sequence
+    ratio s is its exp, the geometric mean of the token ratios); 0 for a row without a real token."""
+    return masked_sum(logp - old_logp.detach(), real, dim=-1) / masked_count(real, dim=-1).clamp(min=1)
+
+
+def sequence_ratio_metrics(seq_log_ratio: Tensor, real: Tensor) -> dict[str, Tensor]:
+    """``seq_ratio_mean`` and ``seq_ratio_max`` of s = exp(min(log s, 10)) over the rows with a real token
+    (``seq_log_ratio`` [B], ``real`` [B, T])."""
+    rows = real.any(-1)
+    seq_ratio = torch.exp(seq_log_ratio.detach().clamp(max=10.0))
+    return {"seq_ratio_mean": masked_mean(seq_ratio, rows), "seq_ratio_max": masked_max(seq_ratio, rows)}
 
 
 def corrected(per_token: Tensor, weights: Tensor | None) -> Tensor:
@@ -13,8 +38,9 @@ def corrected(per_token: Tensor, weights: Tensor | None) -> Tensor:
 
 
 def ratio_metrics(advantages, log_ratio, ratio, real, eps_low=None, eps_high=None) -> dict[str, Tensor]:
-    """``ppo_clip``'s ratio metrics over the real tokens (``[B, T]`` inputs), and its clip fractions when there is a
-    clip range: ``clip_frac_high`` (A > 0, ratio > 1 + eps_high), ``clip_frac_low`` (A < 0, ratio < 1 − eps_low)."""
+    """The token-ratio metrics every policy loss logs, over the real tokens (``[B, T]`` inputs): ``approx_kl``,
+    ``ratio_mean``, ``ratio_max``; and with a clip range PPO's clip fractions, the real tokens whose gradient a
+    bound removed: ``clip_frac_high`` (A > 0, ratio > 1 + eps_high), ``clip_frac_low`` (A < 0, ratio < 1 − eps_low)."""
     metrics = {}
     if eps_low is not None:
         metrics["clip_frac_high"] = fraction((advantages > 0) & (ratio > 1.0 + eps_high), real)

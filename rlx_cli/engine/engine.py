@@ -68,17 +68,17 @@ class Engine:
             yield
 
     # -- forwards without gradients ------------------------------------------------------------------------
-    def micro_batches(self, batch: Rollout, frozen: Tensor | None = None) -> list[MicroBatch]:
-        """``batch`` under the token budget (``frozen`` [B] bool: rows that train nothing, apart and first:
+    def micro_batches(self, batch: Rollout, forward_only: Tensor | None = None) -> list[MicroBatch]:
+        """``batch`` under the token budget (``forward_only`` [B] bool: rows that run no backward, apart and first:
         ``microbatch.split``); under FSDP every process runs as many of each kind as the one with the most (each
         forward gathers weights collectively, each backward reduces gradients), the extra ones empty
         (``MicroBatch.padding``)."""
-        micro = split(batch, self.budget, frozen)
+        micro = split(batch, self.budget, forward_only)
         if len(micro) > 1:
             map_large_allocations()
         if self.strategy == "fsdp":
-            kinds = (True,) if frozen is None else (False, True)
-            micro = [mb for trains in kinds for mb in pad_to_largest(micro, trains)]
+            kinds = (False,) if forward_only is None else (True, False)
+            micro = [mb for kind in kinds for mb in pad_to_largest(micro, kind)]
         return micro
 
     @torch.no_grad()
@@ -107,9 +107,9 @@ class Engine:
         return sharding.clip_gradients(params, max_norm or float("inf"))
 
 
-def pad_to_largest(micro: list[MicroBatch], trains: bool) -> list[MicroBatch]:
-    """``micro``'s micro-batches of one kind (``trains``), padded with empty stand-ins to the most that any process
-    has of that kind (a collective: every process calls it)."""
-    mine = [mb for mb in micro if mb.trains == trains]
-    stand_in = MicroBatch.empty_like(micro[0], trains)
+def pad_to_largest(micro: list[MicroBatch], forward_only: bool) -> list[MicroBatch]:
+    """``micro``'s micro-batches of one kind (``forward_only`` or not), padded with empty stand-ins to the most that
+    any process has of that kind (a collective: every process calls it)."""
+    mine = [mb for mb in micro if mb.forward_only == forward_only]
+    stand_in = MicroBatch.empty_like(micro[0], forward_only)
     return mine + [stand_in] * (distributed.largest(len(mine)) - len(mine))

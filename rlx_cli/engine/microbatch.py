@@ -36,7 +36,7 @@ class MicroBatch:
     rows: Tensor  # [b] long: the rows of the batch it holds, in its own order
     batch: Rollout  # those rows, trimmed to their own width
     padding: bool = False  # an empty stand-in: a forward that every process must run, with no real token
-    trains: bool = True  # False: rows whose gradient is exactly 0; the update runs their forward only (metrics)
+    forward_only: bool = False  # rows whose gradient is exactly 0: the update runs their forward only (metrics)
 
     @property
     def tokens(self) -> int:
@@ -44,11 +44,11 @@ class MicroBatch:
         return self.batch.input_ids.numel()
 
     @staticmethod
-    def empty_like(mb: MicroBatch, trains: bool = True) -> MicroBatch:
+    def empty_like(mb: MicroBatch, forward_only: bool = False) -> MicroBatch:
         """One row of ``mb`` with no real response token: its loss is 0 and its gradients are zeros."""
         one = mb.batch.select(mb.rows.new_zeros(1))
         one.response_mask = torch.zeros_like(one.response_mask)
-        return MicroBatch(mb.rows[:0], one, padding=True, trains=trains)
+        return MicroBatch(mb.rows[:0], one, padding=True, forward_only=forward_only)
 
 
 def plan(prompt_lengths: list[int], response_lengths: list[int], budget: int) -> list[list[int]]:
@@ -78,26 +78,27 @@ def plan(prompt_lengths: list[int], response_lengths: list[int], budget: int) ->
     return runs[::-1]
 
 
-def split(batch: Rollout, budget: int, frozen: Tensor | None = None) -> list[MicroBatch]:
+def split(batch: Rollout, budget: int, forward_only: Tensor | None = None) -> list[MicroBatch]:
     """``batch`` as micro-batches of at most ``budget`` tokens each (see the module's docstring).
 
-    ``frozen`` ``[B]`` bool: rows whose gradient is exactly 0; they are planned apart, into micro-batches marked
-    ``trains=False`` that come first (their forwards run before any backward: under FSDP2 a forward after the
+    ``forward_only`` ``[B]`` bool: rows whose gradient is exactly 0; they are planned apart, into micro-batches
+    marked ``forward_only`` that come first (their forwards run before any backward: under FSDP2 a forward after the
     backward leaves the root unsharded, and the optimizer's step would miss what the next forward uses). One empty
-    micro-batch that trains stands in when every row is frozen: the step still has its zero gradients, and AdamW
-    moves on its moments as after a full backward."""
+    micro-batch with a backward stands in when every row is forward-only: the step still has its zero gradients, and
+    AdamW moves on its moments as after a full backward."""
     prompt_lengths = batch.attention_mask[:, : batch.prompt_len].sum(1).tolist()
     response_lengths = batch.response_mask.sum(1).long().tolist()
     device = batch.input_ids.device
-    kinds = [(list(range(len(prompt_lengths))), True)]
-    if frozen is not None:
-        kinds = [(frozen.nonzero().flatten().tolist(), False), ((~frozen).nonzero().flatten().tolist(), True)]
+    kinds = [(list(range(len(prompt_lengths))), False)]
+    if forward_only is not None:
+        first, rest = forward_only.nonzero().flatten().tolist(), (~forward_only).nonzero().flatten().tolist()
+        kinds = [(first, True), (rest, False)]
     micro = []
-    for picked, trains in kinds:
+    for picked, kind in kinds:
         for run in plan([prompt_lengths[i] for i in picked], [response_lengths[i] for i in picked], budget):
             rows = torch.tensor([picked[i] for i in run], device=device)
-            micro.append(MicroBatch(rows, trim(batch.select(rows)), trains=trains))
-    if micro and not any(mb.trains for mb in micro):
+            micro.append(MicroBatch(rows, trim(batch.select(rows)), forward_only=kind))
+    if micro and all(mb.forward_only for mb in micro):
         micro.append(MicroBatch.empty_like(micro[0]))
     return micro
 

@@ -152,9 +152,12 @@ def vllm_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
 SAMPLERS = {"hf": hf_sampler, "fast": fast_sampler, "vllm": vllm_sampler}  # rollout.name -> the sampler's builder
 
 
+# task keys that are not the task's: the judge's (sampling/judge.py), the samplers' chat_template, and task=gym's table
+# of default task.config per dataset (resolved into task.config when the config composes)
+READ_ELSEWHERE = ("name", "judge", "chat_template", "difficulty")
 TASKS = {"sums": SumsTask, "jsonl": FileTask, "pairs": PairsTask, "gym": GymTask}  # task.name -> the task's class
 
 
 def build_task(cfg: DictConfig) -> SumsTask | FileTask | PairsTask | GymTask:
-    params = {k: v for k, v in cfg.items() if k not in ("name", "judge")}  # the judge: sampling/judge.py
+    params = {k: v for k, v in cfg.items() if k not in READ_ELSEWHERE}
     return TASKS[cfg.name](**params)

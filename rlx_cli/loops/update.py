@@ -12,12 +12,12 @@ For each minibatch (with N processes, this process's slice of it: ``distributed.
 
 Metrics are the same weighted sums (``*_max`` metrics the largest value), so they are the minibatch's too.
 
-Rows whose advantages are all 0 (a GRPO group whose answers all scored alike) have a gradient of exactly 0 when
-nothing but an ``advantage_weighted`` policy loss trains them (``frozen_rows``). With ``trainer.skip_zero_advantage``
-(the default) they go to micro-batches of their own that run the forward and the components without gradients, for
-the metrics and the log-probs, and no backward. The normalisers stay the whole minibatch's, so the update, its
-metrics and the log-probs it hands back are those of the full backward; it costs a forward instead of a forward and
-a backward on those rows (``perf/train_tokens`` counts the rows that ran a backward).
+Rows whose advantages are all 0 (a GRPO group whose answers all scored alike) have a gradient of exactly 0 when every
+term of the objective spares them (``objective.forward_only_rows``). With ``trainer.skip_zero_advantage`` (the
+default) they go to micro-batches of their own that run the forward and the components without gradients, for the
+metrics and the log-probs, and no backward. The normalisers stay the whole minibatch's, so the update, its metrics
+and the log-probs it hands back are those of the full backward; it costs a forward instead of a forward and a
+backward on those rows (``perf/train_tokens`` counts the rows that ran a backward).
 """
 
 from __future__ import annotations
@@ -27,10 +27,8 @@ import math
 import torch
 
 from components import advantage as adv_lib
-from components import registry
-from components import token_filter as filters
 from components.lm_loss import positive_token_count
-from components.loss_agg import aggregate, denominator
+from components.loss_agg import denominator
 from rlx_cli.engine import distributed
 from rlx_cli.engine.batch import Rollout
 from rlx_cli.engine.microbatch import cut, place
@@ -38,6 +36,7 @@ from rlx_cli.loops.build import Parts
 from rlx_cli.loops.checkpoint import TrainState
 from rlx_cli.loops.compute import count_trained
 from rlx_cli.loops.guard import count_update, guarded_step, nan_injected
+from rlx_cli.loops.objective import Shares, forward_only_rows, micro_objective, share
 
 
 def update_step(
@@ -64,8 +63,8 @@ def update_step(
     totals: dict[str, float] = {}
     count = 0
     seen = torch.zeros_like(batch.response_mask) if old_logp is None else None
-    frozen = frozen_rows(cfg, parts.components, advantages, batch.response_mask)
-    trained = batch.tokens() if frozen is None else float(batch.response_mask[~frozen].sum())
+    forward_only = forward_only_rows(cfg, parts.components, advantages, batch.response_mask)
+    trained = batch.tokens() if forward_only is None else float(batch.response_mask[~forward_only].sum())
     count_trained(state.compute, cfg.trainer.epochs * trained)  # every process holds the whole batch
     for _ in range(cfg.trainer.epochs):
         for rows in distributed.minibatch_rows(batch.responses.shape[0], cfg.trainer.minibatches):
@@ -76,8 +75,8 @@ def update_step(
                 "ref_logp": None if ref_logp is None else ref_logp[rows],
                 "positive": positive[rows],
             }
-            skip = None if frozen is None else frozen[rows]
-            metrics, stepped, logp = policy_update(cfg, parts, step, minibatch, tensors, agg_mode, skip)
+            only = None if forward_only is None else forward_only[rows]
+            metrics, stepped, logp = policy_update(cfg, parts, step, minibatch, tensors, agg_mode, only)
             if seen is not None:
                 seen[rows] = logp
             if critic is not None:
@@ -93,37 +92,34 @@ def update_step(
     return {k: v / count for k, v in totals.items()}, seen
 
 
-def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dict, agg_mode: str, frozen=None):
-    """One optimizer step of the policy on ``minibatch`` (this process's rows; ``frozen`` [b] bool: rows that
-    skip the backward, ``frozen_rows``) -> (metrics of the whole minibatch, whether it stepped, this process's
-    detached log-probs [b, T])."""
-    comp, engine, lm = parts.components, parts.engine, parts.components["lm_loss"]
-    mask = minibatch.response_mask
+def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dict, agg_mode: str, forward_only=None):
+    """One optimizer step of the policy on ``minibatch`` (this process's rows; ``forward_only`` [b] bool: rows that
+    run no backward, ``objective.forward_only_rows``) -> (metrics of the whole minibatch, whether it stepped, this
+    process's detached log-probs [b, T])."""
+    engine, mask = parts.engine, minibatch.response_mask
     normaliser = distributed.total(float(denominator(mask, mode=agg_mode)))
     positives = distributed.total(float(positive_token_count(mask, tensors["positive"])))
-    micro = engine.micro_batches(minibatch, frozen)
+    micro = engine.micro_batches(minibatch, forward_only)
     parts.policy_optimizer.zero_grad(set_to_none=True)
-    sums = Sums()
-    logps = []
+    sums, logps, poisoned = Sums(), [], nan_injected(step)
     for mb in micro:
-        with torch.set_grad_enabled(mb.trains):
+        with torch.set_grad_enabled(not mb.forward_only):
             logp, entropy = parts.models.scorer(mb.batch, cfg.rollout.temperature, with_entropy=True)
             real = mb.batch.response_mask
             t = {name: cut(x, mb) for name, x in tensors.items()}
-            t.update(logp=logp, mask=real, old_logp=logp.detach() if t["old_logp"] is None else t["old_logp"])
-            t["rollout_logp"] = mb.batch.sampler_logp
-            loss, metrics = micro_loss(comp, t, entropy, agg_mode)
-            weight = share(denominator(real, mode=agg_mode), normaliser, mb.padding)
-            objective = weight * loss
-            if lm.wiring["coef"] > 0:
-                lm_share = share(positive_token_count(real, t["positive"]), positives, mb.padding)
-                objective = objective + lm_share * lm.wiring["coef"] * lm(t)
-        if nan_injected(step):
+            t.update(logp=logp, entropy=entropy, mask=real, rollout_logp=mb.batch.sampler_logp)
+            t["old_logp"] = logp.detach() if t["old_logp"] is None else t["old_logp"]
+            shares = Shares(
+                loss=share(denominator(real, mode=agg_mode), normaliser, mb.padding),
+                positive=share(positive_token_count(real, t["positive"]), positives, mb.padding),
+            )
+            objective, metrics = micro_objective(cfg, parts.components, t, shares, agg_mode)
+        if poisoned:
             objective = objective * math.nan
-        if mb.trains:
+        if not mb.forward_only:
             engine.backward(objective)
         sums.add({"train/loss": objective.item()}, 1.0)
-        sums.add(metrics, weight)
+        sums.add(metrics, shares.loss)
         logps.append(logp.detach())
     params = [p for group in parts.policy_optimizer.param_groups for p in group["params"]]
     grad_norm = engine.step_gradients(parts.policy_optimizer, params, cfg.trainer.grad_clip)
@@ -131,59 +127,6 @@ def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dic
     stepped = guarded_step(parts.policy_optimizer, loss, grad_norm)
     metrics = distributed.combine({**sums.totals, "train/grad_norm": float(grad_norm) / distributed.size()})
     return metrics, stepped, place(logps, micro, tuple(mask.shape))
-
-
-def frozen_rows(cfg, comp: dict, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
-    """``[B]`` bool: the rows whose gradient is exactly 0, every advantage on their real tokens 0 (``advantages``,
-    ``mask``: ``[B, T]``) -> None where no row may skip its backward: ``trainer.skip_zero_advantage`` off, or a
-    term that trains a row whatever its advantage: a policy loss not registered ``advantage_weighted`` (Clip-Cov
-    and KL-Cov pick tokens by covariances over the micro-batch), an entropy bonus, KL in the loss, an LM loss, or a
-    token filter (its pool is the micro-batch)."""
-    pl, kl = comp["policy_loss"], comp["kl"]
-    trains_anyway = (
-        pl.wiring.get("entropy_coef", 0.0) > 0
-        or (kl.wiring["placement"] == "loss" and kl.wiring["coef"] > 0)
-        or comp["lm_loss"].wiring["coef"] > 0
-        or comp["token_filter"].fn is not filters.none
-    )
-    if not cfg.trainer.skip_zero_advantage or trains_anyway:
-        return None
-    if not registry.advantage_weighted("policy_loss", cfg.policy_loss.name):
-        return None
-    return ~((advantages != 0) & (mask > 0)).any(-1)
-
-
-def micro_loss(comp: dict, t: dict, entropy: torch.Tensor, agg_mode: str) -> tuple[torch.Tensor, dict[str, float]]:
-    """The policy's loss on one micro-batch, aggregated over it (``t``: its ``[b, t]`` tensors by name) -> (the
-    policy loss on the token filter's selection − entropy bonus + KL in the loss, its metrics).
-
-    The rollout correction's weights (``rollout_correction``: π_old / π_sampler from ``old_logp`` and the sampler's
-    own ``rollout_logp``) multiply the policy loss's per-token term; its metrics are ``train/rollout_is_*``.
-
-    The token filter (``token_filter``, from the current policy's ``entropy`` or the sampling policy's
-    ``old_logp``) picks the tokens that carry the policy gradient; its ``normalizer`` wiring key divides by the
-    selected tokens (``selected``) or by every real token (``all``, exact for every mode but
-    ``seq_mean_token_mean``, which validation refuses).
-    """
-    kl, pl, token_filter = comp["kl"], comp["policy_loss"], comp["token_filter"]
-    real = t["mask"]
-    inputs = {"entropy": entropy.detach(), "mask": real, "old_logp": t["old_logp"]}
-    selected = token_filter(inputs)  # [b, t] bool: all real tokens by default
-    correction = {"logp": t["old_logp"], "rollout_logp": t.get("rollout_logp"), "mask": real}
-    weights, is_metrics = comp["rollout_correction"](correction)  # None: no correction
-    pg_loss, pg_metrics = pl({**t, "mask": selected}, agg=agg_mode, weights=weights)
-    if token_filter.wiring["normalizer"] == "all":
-        pg_loss = pg_loss * share(denominator(selected, mode=agg_mode), float(denominator(real, mode=agg_mode)), False)
-    entropy_mean = aggregate(entropy, real, mode=agg_mode)
-    loss = pg_loss - pl.wiring.get("entropy_coef", 0.0) * entropy_mean
-    if kl.wiring["placement"] == "loss" and kl.wiring["coef"] > 0:
-        loss = loss + kl.wiring["coef"] * aggregate(kl(t), real, mode=agg_mode)
-    metrics = {"train/pg_loss": pg_loss.item(), "train/entropy": entropy_mean.item()}
-    metrics.update({f"train/{k}": float(v) for k, v in pg_metrics.items()})
-    metrics.update({f"train/rollout_is_{k}": float(v) for k, v in is_metrics.items()})
-    if token_filter.fn is not filters.none:
-        metrics.update({f"train/{k}": float(v) for k, v in filters.selection_metrics(entropy, real, selected).items()})
-    return loss, metrics
 
 
 def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, agg_mode: str, mask=None):
@@ -217,11 +160,6 @@ def value_update(cfg, parts: Parts, batch: Rollout, old_values, returns, agg_mod
     explained = float(adv_lib.explained_variance(values, returns, mask))  # this process's rows, weighted below
     sums.add({"train/explained_var": explained}, own_share)
     return distributed.combine(sums.totals), stepped
-
-
-def share(part, whole: float, padding: bool) -> float:
-    """``part`` / ``whole`` of a loss normaliser (0 for a padding micro-batch or an empty whole)."""
-    return 0.0 if padding or whole == 0 else float(part) / whole
 
 
 class Sums:

@@ -56,8 +56,8 @@ def generator(name: str, config: dict, *, seed: int, size: int):
         raise UserError(f"task.config.{unknown[0]} is not a setting of {name} (valid: {', '.join(settings)})")
     try:
         return create_dataset(name, **config, seed=seed, size=size)
-    except (AssertionError, ValueError, TypeError) as error:
-        raise UserError(f"task.config={config} is not valid for {name}: {error or type(error).__name__}") from None
+    except (AssertionError, ValueError, TypeError) as error:  # its config's own checks (RLX_DEBUG=1: the traceback)
+        raise UserError(f"task.config={config} is not valid for {name}: {error or type(error).__name__}") from error
 
 
 class GymTask:
@@ -75,9 +75,7 @@ class GymTask:
         eval_seed: int,
         template: str,
         answer_format: str,
-        chat_template: bool,
         verifier: str = "exact",
-        difficulty=None,
     ):
         self.gym = import_gym()
         if answer_format not in INSTRUCTIONS:
@@ -90,8 +88,6 @@ class GymTask:
             raise UserError(f"task.eval_seed={eval_seed} is out of range (valid: 0 to {TRAIN_SEED - eval_size})")
         config = dict(config or {})
         self.dataset, self.template, self.answer_format = dataset, template, answer_format
-        del chat_template  # the samplers read task.chat_template from the config
-        del difficulty  # conf/task/gym.yaml's table of default task.config per dataset: already resolved into config
         self.held_out = generator(dataset, config, seed=eval_seed, size=eval_size)
         self.train = generator(dataset, config, seed=TRAIN_SEED, size=INDICES)
         self.eval_problems = [self.problem(self.held_out[i]) for i in range(eval_size)]

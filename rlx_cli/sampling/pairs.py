@@ -35,7 +35,7 @@ class PairsTask(FileTask):
 
     def __init__(self, *, path, eval_path, eval_fraction: float, prompt_field: str, chosen_field: str,
                  rejected_field: str, answer_field: str | None, template: str, verifier: str,
-                 answer_pattern: str | None, verifier_timeout: float, chat_template: bool):  # fmt: skip
+                 answer_pattern: str | None, verifier_timeout: float):  # fmt: skip
         from rlx_cli.sampling.verifiers import load_verifier
 
         fields = (prompt_field, chosen_field, rejected_field, *([answer_field] if answer_field else []))
@@ -49,7 +49,6 @@ class PairsTask(FileTask):
         self.eval_problems = [Problem(p.prompt, p.answer) for p in self.eval_pairs] if answer_field else []
         self.verify = load_verifier(verifier, answer_pattern)
         self.timeout = verifier_timeout
-        self.chat_template = chat_template
         self.reward_errors = 0
 
     def pair(self, row: dict) -> Pair:

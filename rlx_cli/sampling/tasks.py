@@ -145,7 +145,6 @@ class FileTask:
         verifier: str,
         answer_pattern: str | None,
         verifier_timeout: float,
-        chat_template: bool,
         step_verifier: str | None = None,
     ):
         from rlx_cli.sampling.verifiers import import_function, load_verifier
@@ -158,7 +157,6 @@ class FileTask:
         self.step_verify = import_function("task.step_verifier", step_verifier) if step_verifier else None
         self.scores_steps = self.step_verify is not None
         self.timeout = verifier_timeout
-        self.chat_template = chat_template
         self.reward_errors = 0  # verifier exceptions and time-outs so far, each scored 0
 
     def problem(self, row: dict) -> Problem:

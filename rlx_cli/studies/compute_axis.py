@@ -16,7 +16,7 @@ from rlx_cli.config.errors import UserError
 AXES = {"step": None, "samples": "perf/samples", "tokens": "perf/tokens", "wall": "perf/wall_s"}
 UNITS = {"step": "steps", "samples": "answers sampled", "tokens": "tokens sampled", "wall": "seconds"}
 
-Curve = list[tuple[float, float]]
+Points = list[tuple[float, float]]  # a run's [(x, value)]; scaling_fit.Curve is (xs, ys)
 
 
 def check_axis(x: str) -> None:
@@ -29,19 +29,19 @@ def amount(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 10 else f"{x:.3g}"
 
 
-def on_axis(points: Curve, spent: Curve) -> Curve:
+def on_axis(points: Points, spent: Points) -> Points:
     """``points`` [(step, value)] -> [(x, value)], x the run's ``spent`` [(step, x)] at that step; steps without
     an x are left out."""
     at = dict(spent)
     return [(at[step], value) for step, value in points if step in at]
 
 
-def common_budget(curves: list[Curve]) -> float:
+def common_budget(curves: list[Points]) -> float:
     """The largest x every curve reaches: the smallest of their last x."""
     return min(curve[-1][0] for curve in curves if curve)
 
 
-def cut(curve: Curve, budget: float) -> Curve:
+def cut(curve: Points, budget: float) -> Points:
     """``curve`` up to x = ``budget``, ending with its value at ``budget`` interpolated linearly between the points
     around it (a curve that ends before ``budget`` is returned whole)."""
     kept = [(x, v) for x, v in curve if x <= budget]
@@ -52,7 +52,7 @@ def cut(curve: Curve, budget: float) -> Curve:
     return [*kept, (budget, v0 + (v1 - v0) * (budget - x0) / (x1 - x0))]
 
 
-def area(curve: Curve) -> float:
+def area(curve: Points) -> float:
     """The normalised area under ``curve``: the trapezoid integral over its x range divided by that range, so in the
     metric's own units (the curve's mean height); a single point's value; NaN for none."""
     if not curve:

@@ -28,9 +28,15 @@ def start_and_rest(curve: list[tuple[float, float]]) -> tuple[float | None, tupl
     return (sum(start) / len(start) if start else None), ([x for x, _ in rest], [v for _, v in rest])
 
 
+def seed_order(run) -> tuple[int, str]:
+    """A run's place by seed, numbers as numbers (2 before 10)."""
+    seed = run.data.tags.get("rlx.seed", "")
+    return (int(seed), "") if seed.isdigit() else (2**63, seed)
+
+
 def fitted_arm(runs: list, curves: dict, fit_from: float):
     """-> (R0 or None, [(x, values)] of the runs in seed order, the seeds)."""
-    ordered = sorted(runs, key=lambda r: r.data.tags.get("rlx.seed", ""))
+    ordered = sorted(runs, key=seed_order)
     parts = [start_and_rest(curves[r.info.run_id]) for r in ordered]
     starts = [s for s, _ in parts if s is not None]
     r0 = sum(starts) / len(starts) if starts and fit_from <= 0 else None
