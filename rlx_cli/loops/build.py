@@ -102,6 +102,10 @@ def build(cfg: DictConfig, progress) -> Parts:
     if models.critic is not None:
         critic_optimizer = make_optimizer(models.critic.trainable_parameters(), cfg.critic.lr, cfg.trainer, strategy)
     sampler = SAMPLERS[cfg.rollout.name](cfg, models, path)
+    if cfg.rollout.name == "fast":
+        unread = unread_generation_settings(path)
+        if unread:
+            progress.note(f"rollout=fast does not apply {path}/generation_config.json's {unread} (rollout=hf does)")
     behaviour = behaviour_of(models.policy, cfg.rollout)
     return Parts(models, task, sampler, components, policy_optimizer, schedule, critic_optimizer, engine, behaviour)
 
@@ -137,6 +141,23 @@ def fast_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
     chat_template = cfg.task.get("chat_template", False)
     sampling = dict(top_p=rollout.top_p, top_k=rollout.top_k)
     return FastSampler(models.tokenizer, **sampling, chat_template=chat_template, rows=rollout.generate_rows)
+
+
+# generation_config.json keys rlx sets itself (rollout.*) or that change no token: the rest rollout=fast does not apply
+OWN_GENERATION_KEYS = {"transformers_version", "_from_model_config", "bos_token_id", "eos_token_id", "pad_token_id",
+                       "decoder_start_token_id", "temperature", "top_p", "top_k", "do_sample", "max_new_tokens",
+                       "max_length", "use_cache"}  # fmt: skip
+
+
+def unread_generation_settings(path: Path) -> str:
+    """The settings of the model directory's ``generation_config.json`` that ``rollout=fast`` does not apply
+    (``repetition_penalty=1.1, min_new_tokens=4``), "" if none or no such file."""
+    from transformers import GenerationConfig
+
+    if not (Path(path) / "generation_config.json").is_file():
+        return ""
+    settings = GenerationConfig.from_pretrained(path).to_diff_dict()
+    return ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if k not in OWN_GENERATION_KEYS)
 
 
 def vllm_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:

@@ -1,0 +1,34 @@
+"""What a run tells its user once about how it samples: the settings of a model's generation_config.json that
+``rollout=fast`` does not apply."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import save_tiny_llama
+
+from rlx_cli.config.compose import compose, job_config
+from rlx_cli.loops.build import build, unread_generation_settings
+from rlx_cli.loops.progress import Progress
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from transformers import GenerationConfig
+
+    path = save_tiny_llama(tmp_path_factory.mktemp("tiny"), layers=1, heads=1, head_dim=32)
+    GenerationConfig(repetition_penalty=1.3, min_new_tokens=2, do_sample=True, temperature=0.7, eos_token_id=2).save_pretrained(path)
+    return path
+
+
+def test_only_the_settings_rlx_does_not_set_itself_are_named(model_dir, tmp_path):
+    assert unread_generation_settings(model_dir) == "min_new_tokens=2, repetition_penalty=1.3"  # temperature: rollout.*
+    assert unread_generation_settings(tmp_path) == ""  # no generation_config.json
+
+
+@pytest.mark.parametrize(("rollout", "noted"), [("fast", True), ("hf", False)])
+def test_a_fast_sampler_says_once_what_it_does_not_apply(model_dir, capsys, rollout, noted):
+    cfg = job_config(compose(["model=hf", f"model.path={model_dir}", f"rollout={rollout}", "trainer.threads=1"]))
+    build(cfg, Progress(quiet=True))
+    err = capsys.readouterr().err
+    message = f"{model_dir}/generation_config.json's min_new_tokens=2, repetition_penalty=1.3 (rollout=hf does)"
+    assert (message in err) is noted and err.count("generation_config.json") == int(noted)
