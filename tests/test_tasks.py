@@ -52,3 +52,20 @@ def test_long_sums_brings_its_model_and_response_budget():
     # explicit choices still win over the task's
     assert compose(["task=long_sums", "model=tiny"]).model.name == "tiny"
     assert compose(["task=long_sums", "rollout.max_new_tokens=80"]).rollout.max_new_tokens == 80
+
+
+def test_a_fixed_pool_is_drawn_once_per_seed_and_each_step_takes_distinct_problems_from_it():
+    from rlx_cli.sampling.tasks import SumsTask
+
+    task = SumsTask(min_terms=3, max_terms=8, eval_size=4, eval_seed=1, pool=20)
+    seen = set()
+    for step in range(30):
+        drawn = task.train_problems(8, seed=0, step=step)
+        assert len(set(drawn)) == 8  # distinct within a step
+        seen.update(drawn)
+    assert len(seen) == 20  # 240 draws, all from the pool of 20
+    assert task.train_problems(8, seed=0, step=3) == task.train_problems(8, seed=0, step=3)  # resumable
+    other_seed = {p for step in range(30) for p in task.train_problems(8, seed=1, step=step)}
+    assert len(other_seed) == 20 and other_seed != seen
+    fresh = SumsTask(min_terms=3, max_terms=8, eval_size=4, eval_seed=1)
+    assert len({p for step in range(30) for p in fresh.train_problems(8, seed=0, step=step)}) > 150

@@ -31,7 +31,16 @@ class SumsTask:
     reward_errors = 0  # the exact verifier cannot fail
     scores_steps = True  # every a+b=c step is checkable (sum_steps)
 
-    def __init__(self, *, min_terms: int, max_terms: int, eval_size: int, eval_seed: int, verifier: str = "exact"):
+    def __init__(
+        self,
+        *,
+        min_terms: int,
+        max_terms: int,
+        eval_size: int,
+        eval_seed: int,
+        verifier: str = "exact",
+        pool: int | None = None,
+    ):
         if not 2 <= min_terms <= max_terms:
             raise UserError(
                 f"task.min_terms={min_terms}, task.max_terms={max_terms} (valid: 2 <= min_terms <= max_terms)"
@@ -39,7 +48,9 @@ class SumsTask:
         # judge: a model scores instead (sampling/judge.py wraps the task)
         if verifier not in ("exact", "judge"):
             raise UserError(f"task.verifier={verifier} is not valid for task=sums (valid: exact, judge)")
-        self.min_terms, self.max_terms = min_terms, max_terms
+        if pool is not None and pool < 1:
+            raise UserError(f"task.pool={pool} is out of range (valid: 1 or more, or null for fresh problems)")
+        self.min_terms, self.max_terms, self.pool = min_terms, max_terms, pool
         self.eval_problems = [self.problem(t) for t in self._draw(random.Random(eval_seed), eval_size)]
 
     def _draw(self, rng: random.Random, n: int) -> list[list[int]]:
@@ -50,8 +61,15 @@ class SumsTask:
         return Problem(prompt=",".join(map(str, terms)) + ":", answer=str(sum(terms)))
 
     def train_problems(self, n: int, *, seed: int, step: int, draw: int = 0) -> list[Problem]:
-        """``n`` fresh problems for one RL step; a pure function of (seed, step, draw), so resuming replays them."""
-        return [self.problem(t) for t in self._draw(random.Random(f"train-{seed}-{step}-{draw}"), n)]
+        """``n`` problems for one RL step: fresh ones, or with ``task.pool`` N distinct ones of a pool of N drawn
+        once per seed (a fixed training set, as a layout of fewer prompts a step sees over a run); a pure function
+        of (seed, step, draw), so resuming replays them."""
+        rng = random.Random(f"train-{seed}-{step}-{draw}")
+        if self.pool is None:
+            return [self.problem(t) for t in self._draw(rng, n)]
+        if n > self.pool:
+            raise UserError(f"task.pool={self.pool} holds fewer problems than a step draws ({n}; valid: {n} or more)")
+        return [self.problem(t) for t in rng.sample(self._draw(random.Random(f"pool-{seed}"), self.pool), n)]
 
     def sft_examples(
         self, n: int, *, carry_drop: float, rng: random.Random, direct_frac: float = 0.0, direct_right: float = 1.0
