@@ -1,28 +1,34 @@
-"""rlx vs TRL's GRPOTrainer on identical GRPO work: seconds per step, their ratio, and where each spends it.
+"""rlx vs TRL's GRPOTrainer on the same GRPO steps: seconds per step, their ratio, and where each spends it.
 
     python benchmarks/vs_trl.py                       # tiny + medium, LoRA + full, 2 interleaved rounds
     python benchmarks/vs_trl.py --sizes tiny --finetunes lora --steps 8 --warmup 2 --rounds 1   # a smoke run
     python benchmarks/vs_trl.py --sizes tiny --finetunes full --stops natural --rollout fast --threads 2
 
-The identical work, per step: 16 sums prompts x 8 samples, exactly ``--new-tokens`` new tokens (EOS is
+The same work, per step (the same samples' distribution, the same update): 16 sums prompts x 8 samples, exactly ``--new-tokens`` new tokens (EOS is
 suppressed until then: ``min_new_tokens`` in the model directory's generation_config.json, which rlx's HF
 ``generate`` reads, and in TRL's ``generation_kwargs``), temperature 1, top-p 1, no top-k; the same saved model
 and tokenizer; the sums verifier as the reward; no KL (TRL ``beta=0``; rlx ``algo=grpo`` has ``kl=none``, whose
 reference forward runs only every ``kl.measure_every`` steps, for the ``train/kl`` metric); one AdamW step
 (lr, betas 0.9/0.98, no weight decay, grad clip 1) on all 128 completions (rlx
 ``trainer.minibatches=1``; TRL ``per_device_train_batch_size=128``, one iteration); float32, no gradient
-checkpointing, one thread each (``--threads``). The same update, not the same arithmetic: rlx runs only the forward
-of completions whose advantage is 0 (a group whose answers all scored alike), whose gradient is exactly 0
-(``trainer.skip_zero_advantage``, on by default); TRL runs their backward too. ``--rlx-set
-trainer.skip_zero_advantage=false`` runs rlx's backward on every completion. A step is the wall time from one
+checkpointing, ``--threads`` threads each. The same update, not the same arithmetic; rlx does less of it:
+
+- it prefills each distinct prompt once for its group of 8 (``rollout=fast``), and drops a finished row from the
+  decode batch (TRL's ``generate`` decodes it on, padded);
+- it cuts micro-batches by length (less padding computed) and its last layer skips the prompt's positions;
+- it runs only the forward of completions whose advantage is 0 (a group whose answers all scored alike), whose
+  gradient is exactly 0 (``trainer.skip_zero_advantage``, on by default); TRL runs their backward too.
+  ``--rlx-set trainer.skip_zero_advantage=false`` runs rlx's backward on every completion: the full-arithmetic
+  ratio, beside the default's in docs/benchmarks.md. A step is the wall time from one
 step's start to the next one's (logging included), medians over ``--steps`` steps after ``--warmup``; each round
 runs rlx and TRL back to back, the order alternating between rounds. Breakdown: ``generate`` (the model's generate
 call), ``logp`` (forwards without gradient: old/reference log-probs, and rlx's forwards of the completions without
 advantage), ``rest`` (the update: forward, backward, optimizer, and bookkeeping).
 
-``--device cuda --precision bf16-mixed --checkpointing``: the same work on a GPU, bfloat16 autocast over float32
-masters on both sides (TRL ``bf16=True``) and each decoder layer recomputed in backward (TRL
-``gradient_checkpointing``); ``--sizes 1.5b`` is Qwen2.5-1.5B's shape as a Llama with the character vocabulary:
+``--device cuda --precision bf16-mixed --checkpointing``: the same work on a GPU, bfloat16 autocast on both sides
+over float32 trained weights (TRL ``bf16=True`` over a float32 model; rlx keeps the weights it does not train, a
+LoRA base or a full fine-tune's reference, in bfloat16: ``model.dtype=auto``) and each decoder layer recomputed in
+backward (TRL ``gradient_checkpointing``); ``--sizes 1.5b`` is Qwen2.5-1.5B's shape as a Llama with the character vocabulary:
 
     python benchmarks/vs_trl.py --device cuda --precision bf16-mixed --checkpointing --sizes 1.5b --finetunes full \
         --rounds 2 --steps 3 --warmup 1 --rlx-tracking none --json benchmarks/results/gpu_vs_trl.json
