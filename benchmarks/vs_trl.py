@@ -4,9 +4,10 @@
     python benchmarks/vs_trl.py --sizes tiny --finetunes lora --steps 8 --warmup 2 --rounds 1   # a smoke run
     python benchmarks/vs_trl.py --sizes tiny --finetunes full --stops natural --rollout fast --threads 2
 
-The same work, per step (the same samples' distribution, the same update): 16 sums prompts x 8 samples, exactly ``--new-tokens`` new tokens (EOS is
-suppressed until then: ``min_new_tokens`` in the model directory's generation_config.json, which rlx's HF
-``generate`` reads, and in TRL's ``generation_kwargs``), temperature 1, top-p 1, no top-k; the same saved model
+The same work, per step (the same samples' distribution, the same update): 16 sums prompts x 8 samples, exactly
+``--new-tokens`` new tokens (EOS is suppressed until then: ``min_new_tokens`` in the model directory's
+generation_config.json, which rlx's HF ``generate`` reads, and in TRL's ``generation_kwargs``), temperature 1,
+top-p 1, no top-k; the same saved model
 and tokenizer; the sums verifier as the reward; no KL (TRL ``beta=0``; rlx ``algo=grpo`` has ``kl=none``, whose
 reference forward runs only every ``kl.measure_every`` steps, for the ``train/kl`` metric); one AdamW step
 (lr, betas 0.9/0.98, no weight decay, grad clip 1) on all 128 completions (rlx
@@ -28,7 +29,8 @@ advantage), ``rest`` (the update: forward, backward, optimizer, and bookkeeping)
 ``--device cuda --precision bf16-mixed --checkpointing``: the same work on a GPU, bfloat16 autocast on both sides
 over float32 trained weights (TRL ``bf16=True`` over a float32 model; rlx keeps the weights it does not train, a
 LoRA base or a full fine-tune's reference, in bfloat16: ``model.dtype=auto``) and each decoder layer recomputed in
-backward (TRL ``gradient_checkpointing``); ``--sizes 1.5b`` is Qwen2.5-1.5B's shape as a Llama with the character vocabulary:
+backward (TRL ``gradient_checkpointing``); ``--sizes 1.5b`` is Qwen2.5-1.5B's shape as a Llama with the character
+vocabulary:
 
     python benchmarks/vs_trl.py --device cuda --precision bf16-mixed --checkpointing --sizes 1.5b --finetunes full \
         --rounds 2 --steps 3 --warmup 1 --rlx-tracking none --json benchmarks/results/gpu_vs_trl.json

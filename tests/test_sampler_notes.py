@@ -16,7 +16,9 @@ def model_dir(tmp_path_factory):
     from transformers import GenerationConfig
 
     path = save_tiny_llama(tmp_path_factory.mktemp("tiny"), layers=1, heads=1, head_dim=32)
-    GenerationConfig(repetition_penalty=1.3, min_new_tokens=2, do_sample=True, temperature=0.7, eos_token_id=2).save_pretrained(path)
+    GenerationConfig(
+        repetition_penalty=1.3, min_new_tokens=2, do_sample=True, temperature=0.7, eos_token_id=2
+    ).save_pretrained(path)
     return path
 
 

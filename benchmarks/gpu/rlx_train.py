@@ -4,7 +4,7 @@ checkpointing and a token budget, 64 prompts x 4 answers x 1,024 new tokens. Per
 (``perf/generate_s``, ``perf/logprobs_s``, ``perf/update_s``), tokens/s, peak GPU memory and the update's MFU;
 for ``--profile``'s run, one step more whose update runs under ``torch.profiler`` (its table in the JSON).
 
-    python benchmarks/gpu/rlx_train.py                                 # every run below, in this order
+    python benchmarks/gpu/rlx_train.py                                 # RUNS but speed.py's -fast, -eager
     python benchmarks/gpu/rlx_train.py --runs 1.5b-grpo-full 7b-grpo-lora
     python benchmarks/gpu/rlx_train.py --device cpu --shape tiny --new-tokens 8 --prompts 4   # the same on the CPU
 
@@ -39,7 +39,11 @@ QWEN25 = {  # Qwen2.5's published shapes (config.json of each size)
                num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, vocab_size=1000, tie_word_embeddings=True),
+    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=8000, tie_word_embeddings=True),  # a CPU's size
 }  # fmt: skip
+FAST = ["rollout.cuda_graphs=auto", "trainer.compile=true"]  # issue 51: graphs on a GPU, compiled layers
+EAGER = ["rollout.cuda_graphs=false", "trainer.compile=false"]  # as rlx ran before them
 # name -> (shape, steps, overrides); the first step warms up, the last is reported
 RUNS = {
     "1.5b-grpo-full": ("1.5b", 2, ["algo=grpo", "model.finetune=full"]),
@@ -47,7 +51,11 @@ RUNS = {
     "1.5b-grpo-lora": ("1.5b", 2, ["algo=grpo", "model.finetune=lora"]),
     "0.5b-vapo-full": ("0.5b", 2, ["algo=vapo", "model.finetune=full", "value_pretrain.steps=1"]),
     "0.5b-grpo-full": ("0.5b", 2, ["algo=grpo", "model.finetune=full"]),
+    "1.5b-grpo-full-fast": ("1.5b", 2, ["algo=grpo", "model.finetune=full", *FAST]),  # speed.py's
+    "1.5b-grpo-full-eager": ("1.5b", 2, ["algo=grpo", "model.finetune=full", *EAGER]),
+    "7b-grpo-lora-fast": ("7b", 2, ["algo=grpo", "model.finetune=lora", *FAST]),  # step 1 compiles
 }
+DEFAULT_RUNS = list(RUNS)[:5]
 KEYS = (
     "perf/step_s",
     "perf/generate_s",
@@ -63,9 +71,9 @@ KEYS = (
 )
 
 
-def make_model(shape: str, path: Path, device: str) -> int:
-    """A Qwen2 model of ``shape`` with random weights in bfloat16 and rlx's character tokenizer, saved at ``path``
-    (safetensors) -> its parameter count."""
+def qwen2(shape: str, device: str, dtype):
+    """A Qwen2 causal LM of ``shape`` with random weights (seed 0) in ``dtype`` on ``device``, its special tokens
+    rlx's character tokenizer's."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -82,10 +90,20 @@ def make_model(shape: str, path: Path, device: str) -> int:
     )
     torch.manual_seed(0)
     with torch.device(device):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+        return Qwen2ForCausalLM(config).to(dtype)
+
+
+def make_model(shape: str, path: Path, device: str) -> int:
+    """A Qwen2 model of ``shape`` with random weights in bfloat16 and rlx's character tokenizer, saved at ``path``
+    (safetensors) -> its parameter count."""
+    import torch
+
+    from rlx_cli.engine.base_model import char_tokenizer
+
+    model = qwen2(shape, device, torch.bfloat16)
     n = sum(p.numel() for p in model.parameters())
     model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
+    char_tokenizer().save_pretrained(path)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()  # the training run is another process: this one keeps nothing
@@ -126,13 +144,15 @@ def run_one(name: str, args, models: dict[str, tuple[Path, int]], deadline: floa
     ]  # fmt: skip
     print(f"[{name}] {' '.join(command[1:])}", flush=True)
     steps_json.parent.mkdir(parents=True, exist_ok=True)
+    steps_json.unlink(missing_ok=True)  # a cut run reports the steps of this run only
     started = time.perf_counter()
     try:
         with log.open("w") as sink:  # the run's own progress lines: where a cut or failed run was
             done = subprocess.run(command, timeout=max(1.0, deadline - time.time()), stdout=sink, stderr=sink)
     except subprocess.TimeoutExpired:
         cut = f"stopped at the deadline after {time.perf_counter() - started:.0f} s"
-        return {"shape": shape, "cut": cut, "log_tail": log.read_text()[-3000:]}
+        done_steps = json.loads(steps_json.read_text()) if steps_json.exists() else []  # the steps it finished
+        return {"shape": shape, "cut": cut, "steps_done": done_steps, "log_tail": log.read_text()[-3000:]}
     wall = time.perf_counter() - started
     if done.returncode:
         return {"shape": shape, "failed": done.returncode, "log_tail": log.read_text()[-3000:], "wall_s": wall}
@@ -141,6 +161,7 @@ def run_one(name: str, args, models: dict[str, tuple[Path, int]], deadline: floa
     result = {"shape": shape, "params": n, "steps": steps, "reported_step": metrics["step"], "wall_s": wall}
     result |= {"command": " ".join(command[command.index("--") + 1 :])}
     result |= {k: metrics[k] for k in KEYS if k in metrics}
+    result["in_effect"] = metrics.get("in_effect")  # own forward, compiled, CUDA graphs (train_worker.py)
     result["step_s_each"] = [m["perf/step_s"] for m in logged]
     if profiled:
         result["profile"] = table.read_text()
@@ -165,7 +186,7 @@ def device_facts(device: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", nargs="*", default=list(RUNS), choices=list(RUNS))
+    parser.add_argument("--runs", nargs="*", default=DEFAULT_RUNS, choices=list(RUNS))
     parser.add_argument("--shape", choices=list(QWEN25), help="every run at this shape (a smoke test)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--precision", default="bf16-mixed")

@@ -20,15 +20,31 @@ from rlx_cli.loops import loop, run
 
 
 def record_steps(path: Path) -> None:
-    """Each step's logged metrics (train, perf, eval) appended to the JSON list at ``path`` as the step ends."""
+    """Each step's logged metrics (train, perf, eval) and what ran (``in_effect``) appended to the JSON list at
+    ``path`` as the step ends."""
     steps, inner = [], loop.log_step
 
     def log_step(cfg, parts, tracker, progress, step, metrics, last):
         inner(cfg, parts, tracker, progress, step, metrics, last)
-        steps.append({"step": step, **metrics})
+        steps.append({"step": step, **metrics, "in_effect": in_effect(parts)})
         path.write_text(json.dumps(steps, indent=1) + "\n")
 
     loop.log_step = log_step
+
+
+def in_effect(parts) -> dict:
+    """Whether the update ran rlx's own forward, compiled, and the sampler CUDA graphs: what the config asked for
+    reaches them only through the build (``trainer.compile``, ``rollout.cuda_graphs``), so the figures say it."""
+    from rlx_cli.engine import decoder
+    from rlx_cli.engine.logprobs import causal_lm
+    from rlx_cli.sampling.cuda_graphs import enabled
+
+    graphs = getattr(parts.sampler, "cuda_graphs", None)  # rollout=fast's setting
+    return {
+        "own_forward": decoder.trains(causal_lm(parts.models.policy)),
+        "compiled": parts.models.scorer.compiled,
+        "cuda_graphs": None if graphs is None else enabled(graphs, parts.models.device),
+    }
 
 
 def profile_update(step_wanted: int, table: Path, rows: int = 40) -> None:

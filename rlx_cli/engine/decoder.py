@@ -9,13 +9,21 @@ layer runs the query side (query projection, attention, output projection, MLP) 
 response tokens, keys and values still from every position. Fewer rows through a matmul may round differently, so
 log-probs and gradients equal transformers' to float32 rounding (tests/test_logprobs.py). In the tiny default's
 update (two layers, a third of the positions prompt) this took 9% off the forward and backward of a step's batch.
+
+Under activation checkpointing (``model.activation_checkpointing``) the training forward recomputes its own layer
+function (``torch.utils.checkpoint``, non-reentrant) for the layers transformers marked, and ``trainer.compile`` runs
+that function through ``torch.compile``: the same values and gradients (tests/test_compiled_update.py), with the
+elementwise chains around the matmuls (RMSNorm's casts, rotary, SwiGLU) fused.
 """
 
 from __future__ import annotations
 
+from functools import cache
+
 import torch
 from torch import Tensor, nn
 from torch.nn.functional import rms_norm, scaled_dot_product_attention
+from torch.utils.checkpoint import checkpoint
 
 ARCHITECTURES = ("llama", "qwen2")  # decoder layers these functions compute as transformers does
 LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")  # angles that change with the sequence's length: no fixed table
@@ -55,41 +63,82 @@ def hooked_module(lm: nn.Module) -> str | None:
 
 
 def trains(lm: nn.Module) -> bool:
-    """Whether ``forward`` can be ``lm``'s training forward: a computed architecture whose modules carry no forward
-    hooks (FSDP2 gathers a layer's parameters in hooks on the layer's own forward, which ``forward`` does not call),
-    whose layers are not FSDP units nor checkpointed (transformers recomputes a layer by wrapping that forward), and
-    no attention dropout."""
+    """Whether ``forward`` can be ``lm``'s training forward: a computed architecture (``unsupported``), none of whose
+    modules is an FSDP unit (FSDP2 gathers a unit's parameters in hooks on the unit's own forward, which ``forward``
+    does not call), and no attention dropout. Layers that transformers would checkpoint ``forward`` recomputes itself
+    (``recomputes``)."""
     from torch.distributed.fsdp import FSDPModule
 
     if unsupported(lm) is not None:
         return False
-    layers = lm.model.layers
-    wrapped = (isinstance(layer, FSDPModule) or getattr(layer, "gradient_checkpointing", False) for layer in layers)
-    hooked = (m._forward_hooks or m._forward_pre_hooks for m in lm.model.modules())
-    dropping = (layer.self_attn.training and layer.self_attn.attention_dropout for layer in layers)
-    return not any(wrapped) and not any(hooked) and not any(dropping)
+    sharded = any(isinstance(m, FSDPModule) for m in lm.model.modules())
+    dropping = (layer.self_attn.training and layer.self_attn.attention_dropout for layer in lm.model.layers)
+    return not sharded and not any(dropping)
+
+
+def recomputes(layer: nn.Module) -> bool:
+    """Whether decoder ``layer``'s activations are recomputed in backward, as transformers decides it: its flag set
+    (``activation_checkpointing_enable``), train mode, gradients on."""
+    return bool(getattr(layer, "gradient_checkpointing", False)) and layer.training and torch.is_grad_enabled()
 
 
 def forward(
-    lm: nn.Module, ids: Tensor, mask: Tensor, positions: Tensor, from_: int, *, width: int = 0, kv: list | None = None
+    lm: nn.Module,
+    ids: Tensor,
+    mask: Tensor,
+    positions: Tensor,
+    from_: int,
+    *,
+    width: int = 0,
+    kv: list | None = None,
+    compiled: bool = False,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """Left-padded ``ids``, ``mask``, ``positions`` [B, L] through the decoder -> (the final norm's hidden states of
     positions ``from_`` on [B, L - from_, H], the rotary table (cos, signed sin) [max(L, width), D]).
 
-    ``kv``: a list that receives each layer's (key, value) [B, kv_heads, L, D]."""
+    ``kv``: a list that receives each layer's (key, value) [B, kv_heads, L, D]. ``compiled``: each layer through
+    ``compiled_layer`` (``trainer.compile``). A layer that ``recomputes`` runs under ``torch.utils.checkpoint``
+    (non-reentrant): its activations are dropped after the forward and ``layer`` runs again in backward."""
     x = lm.model.embed_tokens(ids)
     cos, sin = rotary_table(lm, x, max(ids.shape[1], width))
     angles = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)  # [B, 1, L, D]
     visible = visible_keys(mask)
     last = len(lm.model.layers) - 1
-    for i, layer in enumerate(lm.model.layers):
-        start, attention = (from_ if i == last else 0), layer.self_attn
-        query, key, value = project(attention, norm(layer.input_layernorm, x), angles, start)
-        if kv is not None:
-            kv.append((key, value))
-        attended = attend(query, key, value, visible[:, :, start:], attention.scaling, attention.num_key_value_groups)
-        x = finish(layer, x[:, start:], attended)
+    run = compiled_layer() if compiled else layer
+    for i, module in enumerate(lm.model.layers):
+        start = from_ if i == last else 0
+        if kv is None and recomputes(module):
+            x = checkpoint(run, module, x, angles, visible, start, use_reentrant=False)
+        else:
+            x = run(module, x, angles, visible, start, kv)
     return norm(lm.model.norm, x), (cos, sin)
+
+
+def layer(
+    module: nn.Module, x: Tensor, angles: tuple[Tensor, Tensor], visible: Tensor, start: int, kv: list | None = None
+) -> Tensor:
+    """Decoder layer ``module`` on hidden states ``x`` [B, L, H] -> [B, L - start, H]: the query side (query
+    projection, attention, output projection, MLP) of positions ``start`` on, keys and values of every position.
+    ``angles``: (cos, signed sin) [B, 1, L, D]; ``visible``: [B, 1, L, L] (``visible_keys``); ``kv`` receives
+    (key, value) [B, kv_heads, L, D]."""
+    attention = module.self_attn
+    query, key, value = project(attention, norm(module.input_layernorm, x), angles, start)
+    if kv is not None:
+        kv.append((key, value))
+    attended = attend(query, key, value, visible[:, :, start:], attention.scaling, attention.num_key_value_groups)
+    return finish(module, x[:, start:], attended)
+
+
+# the compiled layer's variants: gradients on or off, LoRA's adapters on or off (peft freezes them while off), an input
+# that needs a gradient or not (LoRA's first layer), every position's query or the last layer's, two weight dtypes
+RECOMPILES = 64
+
+
+@cache
+def compiled_layer():
+    """``layer`` through ``torch.compile``, made once per process so that its graphs are kept (every layer of one
+    shape reuses them), up to ``RECOMPILES`` of them: torch's default, 8, would run later variants eager."""
+    return torch._dynamo.config.patch(cache_size_limit=RECOMPILES)(torch.compile(layer, dynamic=True))
 
 
 def visible_keys(mask: Tensor) -> Tensor:

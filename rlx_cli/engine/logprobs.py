@@ -52,13 +52,15 @@ class Scorer(nn.Module):
 
     It holds the model (``self.lm``), so that under ``trainer.strategy=fsdp`` it is the sharded root whose forward
     gathers the body, the final norm and the head together. ``compute_dtype``: bfloat16 autocast under
-    ``trainer.precision=bf16-mixed``, else None.
+    ``trainer.precision=bf16-mixed``, else None. ``compiled``: rlx's own forward runs its layers compiled
+    (``trainer.compile``; a model it does not train through runs its own forward, uncompiled).
     """
 
-    def __init__(self, lm: nn.Module, compute_dtype: torch.dtype | None = None):
+    def __init__(self, lm: nn.Module, compute_dtype: torch.dtype | None = None, *, compiled: bool = False):
         super().__init__()
         self.lm = lm
         self.compute_dtype = compute_dtype
+        self.compiled = compiled
 
     def forward(self, batch: Rollout, temperature: float = 1.0, *, with_entropy: bool = False, hidden: bool = False):
         """-> (logp [B, T], entropy [B, T] or None) of ``batch``'s responses; ``hidden=True``: the body's last
@@ -71,7 +73,7 @@ class Scorer(nn.Module):
                     input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids
                 ).last_hidden_state
             real = batch.response_mask.bool()
-            picked = predicting_states(lm, batch)[real]  # [N, H]
+            picked = predicting_states(lm, batch, compiled=self.compiled)[real]  # [N, H]
             logp, entropy = head_logp(
                 picked, lm.get_output_embeddings(), batch.responses[real], temperature, with_entropy=with_entropy
             )
@@ -80,15 +82,15 @@ class Scorer(nn.Module):
         return place(logp), (place(entropy) if with_entropy else None)
 
 
-def predicting_states(lm: nn.Module, batch: Rollout) -> Tensor:
+def predicting_states(lm: nn.Module, batch: Rollout, *, compiled: bool = False) -> Tensor:
     """Causal LM ``lm``'s last hidden state before each response token, the one that predicts it -> [B, T, H].
     The last response token predicts nothing, so it is not run; nor is a key-value cache kept. A model that
-    ``decoder.forward`` computes runs through it (whose last layer skips the prompt's positions), any other through
-    its own forward."""
+    ``decoder.forward`` computes runs through it (whose last layer skips the prompt's positions; ``compiled``: its
+    layers compiled), any other through its own forward."""
     width = batch.prompt_len + batch.responses.shape[1] - 1
     ids, mask, positions = (x[:, :width] for x in (batch.input_ids, batch.attention_mask, batch.position_ids))
     if decoder.trains(lm):
-        return decoder.forward(lm, ids, mask, positions, batch.prompt_len - 1)[0]
+        return decoder.forward(lm, ids, mask, positions, batch.prompt_len - 1, compiled=compiled)[0]
     states = lm.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
     return states.last_hidden_state[:, batch.prompt_len - 1 :]
 

@@ -96,9 +96,11 @@ def build_models(
     critic_cfg: DictConfig,
     device: str | torch.device = "cpu",
     precision: str = "fp32",
+    compile: bool = False,
 ) -> Models:
     """Policy, reference and critic on ``device``, their weights in the dtypes ``precision`` asks for
-    (``rlx_cli/engine/precision.py``: trained weights float32 unless ``bf16-true``; frozen ones by ``model.dtype``)."""
+    (``rlx_cli/engine/precision.py``: trained weights float32 unless ``bf16-true``; frozen ones by ``model.dtype``);
+    ``compile``: rlx's training forward runs its decoder layers through ``torch.compile`` (``trainer.compile``)."""
     trained, frozen = trained_dtype(precision), frozen_dtype(precision, model_cfg.dtype)
     compute = compute_dtype(precision)
     if model_cfg.finetune == "lora":
@@ -114,13 +116,14 @@ def build_models(
             task_type="CAUSAL_LM",
         )
         policy, reference = get_peft_model(model, config), None
-        scorer = Scorer(policy, compute)
+        scorer = Scorer(policy, compute, compiled=compile)
         reference_scorer = scorer
         critic = SharedCritic(scorer, config) if needs_critic and critic_cfg.init in FROM_POLICY else None
     else:
         policy, tokenizer = load_pretrained(path, model_cfg, trained)
         reference = copy_in_dtype(policy, frozen).eval().requires_grad_(False)
-        scorer, reference_scorer, critic = Scorer(policy, compute), Scorer(reference, compute), None
+        scorer = Scorer(policy, compute, compiled=compile)
+        reference_scorer, critic = Scorer(reference, compute, compiled=compile), None
     if needs_critic and critic is None:
         critic = Critic.from_weights(path, model_cfg, critic_cfg, dtype=trained, compute_dtype=compute)
     for body in (causal_lm(policy), critic.body if isinstance(critic, Critic) else None):
@@ -135,7 +138,9 @@ def build_models(
 def training_mode(model: nn.Module, *, checkpointing: bool) -> None:
     """Train mode without dropout (RL updates, like TRL's ``disable_dropout``, compare log-probs of one policy), and
     with ``checkpointing`` each decoder layer's activations recomputed in backward instead of kept (non-reentrant,
-    so LoRA's frozen inputs need no gradient; transformers checkpoints only in train mode). LoRA's own dropout
+    so LoRA's frozen inputs need no gradient; transformers checkpoints only in train mode). transformers marks the
+    layers; rlx's own training forward reads the mark and recomputes its own layer function
+    (``decoder.recomputes``), the model's own forward transformers' layer. LoRA's own dropout
     (``model.lora.dropout``) is left as configured."""
     for name, module in model.named_modules():
         if isinstance(module, nn.Dropout) and "lora_dropout" not in name:

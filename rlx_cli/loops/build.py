@@ -89,7 +89,13 @@ def build(cfg: DictConfig, progress) -> Parts:
     needs_critic = components["advantage"].takes("values")
     torch.manual_seed(cfg.seed)
     models = build_models(
-        path, cfg.model, needs_critic=needs_critic, critic_cfg=cfg.critic, device=device, precision=precision
+        path,
+        cfg.model,
+        needs_critic=needs_critic,
+        critic_cfg=cfg.critic,
+        device=device,
+        precision=precision,
+        compile=cfg.trainer.compile,
     )
     distributed.broadcast_weights(models.policy, models.critic)  # every process starts from rank 0's weights
     engine = Engine(models, micro_batch_tokens=cfg.trainer.micro_batch_tokens, strategy=cfg.trainer.strategy)
@@ -140,7 +146,13 @@ def fast_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
     check_architecture(models.policy)
     chat_template = cfg.task.get("chat_template", False)
     sampling = dict(top_p=rollout.top_p, top_k=rollout.top_k)
-    return FastSampler(models.tokenizer, **sampling, chat_template=chat_template, rows=rollout.generate_rows)
+    return FastSampler(
+        models.tokenizer,
+        **sampling,
+        chat_template=chat_template,
+        rows=rollout.generate_rows,
+        cuda_graphs=rollout.cuda_graphs,
+    )
 
 
 # generation_config.json keys rlx sets itself (rollout.*) or that change no token: the rest rollout=fast does not apply

@@ -17,7 +17,9 @@ shares. What it does that ``generate`` does not:
 - in a small model (plain ``nn.Linear`` projections whose copies take at most ``FUSED_BYTES``) each layer's query,
   key and value projections run as one matmul, its MLP's gate and up projections as another, and the query and key
   are rotated together: a decode step of the tiny default is about 95 kernels of a few microseconds each, so fewer,
-  larger ones are faster. Each output column is the same dot product, so the numbers do not change.
+  larger ones are faster. Each output column is the same dot product, so the numbers do not change;
+- on a GPU (``rollout.cuda_graphs``) the decode step is captured in a CUDA graph and replayed, one launch a token
+  instead of about 50 a layer: the step in static form, by buckets of rows (``sampling/cuda_graphs.py``).
 
 Greedy answers are ``generate``'s token for token (tests/test_fast_sampler.py). Sampling draws from the same
 distribution (temperature, then top-k, then top-p, as ``generate``'s warpers cut it) with draws of its own. A model
@@ -27,6 +29,7 @@ directory's ``generation_config.json`` (repetition penalty, ``min_new_tokens``, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +42,7 @@ from rlx_cli.engine.batch import position_ids
 from rlx_cli.engine.decoder import attend, finish, norm, project, rope, weighted_norm
 from rlx_cli.engine.logprobs import causal_lm
 from rlx_cli.engine.models import evaluating
+from rlx_cli.sampling.cuda_graphs import GraphedStep, bucket, enabled
 from rlx_cli.sampling.rollout import HFSampler, assemble
 
 FUSED_BYTES = 64 * 2**20  # fused copies of the projections up to this size (a 0.5B model's would take ~0.5 GB)
@@ -47,20 +51,31 @@ FUSED_BYTES = 64 * 2**20  # fused copies of the projections up to this size (a 0
 class FastSampler(HFSampler):
     """``HFSampler``'s interface (``rows`` at a time, ``temperature=0`` greedy, ``prefixes``) on rlx's own decode
     loop; ``top_k=0`` is no top-k. Sampled (temperature > 0) answers carry each token's log-prob under the
-    distribution it was drawn from (``Rollout.sampler_logp``: after temperature, top-k and top-p), greedy ones none."""
+    distribution it was drawn from (``Rollout.sampler_logp``: after temperature, top-k and top-p), greedy ones none.
+    ``cuda_graphs``: ``rollout.cuda_graphs`` (auto: on CUDA only)."""
 
-    def __init__(self, tokenizer, *, top_p: float = 1.0, top_k: int = 0, chat_template: bool = False, rows: int = 256):
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        chat_template: bool = False,
+        rows: int = 256,
+        cuda_graphs: str | bool = "auto",
+    ):
         super().__init__(tokenizer, top_p=top_p, chat_template=chat_template, rows=rows)
         self.top_k = top_k
+        self.cuda_graphs = cuda_graphs
 
     @torch.no_grad()
     def generate_chunk(self, model, prompts: list[str], temperature: float, max_new_tokens: int, prefixes=None):
         tok = self.tokenizer
         enc = self.encode(prompts, prefixes).to(model.device)
         sampling = Sampling(temperature, self.top_p, self.top_k)
-        lm = causal_lm(model)
+        lm, graphs = causal_lm(model), enabled(self.cuda_graphs, enc["input_ids"].device)
         with evaluating(lm), torch.inference_mode():  # inference mode: less work per op than no_grad
-            responses, logp = decode(lm, enc["input_ids"], enc["attention_mask"], sampling, max_new_tokens, tok)
+            responses, logp = decode(lm, enc["input_ids"], enc["attention_mask"], sampling, max_new_tokens, tok, graphs)
         return assemble(tok, enc, responses.clone(), logp.clone() if temperature > 0 else None)
 
 
@@ -144,11 +159,12 @@ def fused_layers(lm: nn.Module) -> list[Fused] | None:
 @dataclass
 class Cache:
     """Every layer's keys and values, ``kv`` [layers, B, 2 kv_heads, width, head_dim] (a row's keys, then its
-    values), of which the first ``rows`` rows are live and the first ``length`` columns filled.
+    values), of which the first ``rows`` rows are stepped and the first ``length`` columns filled.
 
     ``bias`` [B, width]: the additive attention mask, -inf on the prompts' left padding, 0 elsewhere; ``positions``
     [B]: the position of each row's next token; ``cos``, ``sin`` [width, head_dim]: the rotary table by position,
-    ``sin`` with its first half negated (``rope``).
+    ``sin`` with its first half negated (``rope``). ``column`` (static form, ``make_static``): ``length`` as a
+    device tensor [1], so that a step reads no Python state and its shapes do not grow.
     """
 
     kv: Tensor
@@ -158,55 +174,94 @@ class Cache:
     sin: Tensor
     rows: int
     length: int
+    column: Tensor | None = None
 
-    def keep(self, going: Tensor) -> Tensor:
-        """Only the live rows where ``going`` [rows] bool: each finished row among the first ``going.sum()`` takes
-        a live one from after them (a copy of as many rows as finished, filled columns only) -> the former index of
-        each kept row."""
+    def keep(self, going: Tensor, rows: int) -> Tensor:
+        """The rows where ``going`` [self.rows] bool first, ``rows`` in all (at least ``going.sum()``; the rest are
+        stepped but not read): each stopped row among the first ``going.sum()`` takes a going one from after them (a
+        copy of as many rows as stopped, filled columns only) -> the former index of each of the ``rows`` rows."""
         kept, n = int(going.sum()), self.length
         order = torch.arange(self.rows, device=going.device)
         holes, movers = (~going[:kept]).nonzero().squeeze(1), going[kept:].nonzero().squeeze(1) + kept
         self.kv[:, holes, :, :n] = self.kv[:, movers, :, :n]
         for x in (self.bias, self.positions, order):
             x[holes] = x[movers]
-        self.rows = kept
-        return order[:kept]
+        self.rows = rows
+        return order[:rows]
+
+    def make_static(self) -> None:
+        """The static form a CUDA graph replays: each step writes column ``column`` and attends over the whole width,
+        the columns not yet written masked (-inf) and zeroed (unset memory may hold NaN, and 0 x NaN is NaN)."""
+        self.kv[:, :, :, self.length :] = 0
+        self.bias[:, self.length :] = float("-inf")
+        self.column = torch.full((1,), self.length, device=self.kv.device)
+
+    def visible(self) -> Tensor:
+        """The additive mask of this step's attention [rows, 1, 1, n]: the filled columns and this step's (``n`` =
+        ``length`` + 1), or in static form every column, those after this step's at -inf."""
+        if self.column is None:
+            return self.bias[: self.rows, None, None, : self.length + 1]
+        self.bias.index_fill_(1, self.column, 0.0)
+        return self.bias[: self.rows, None, None]
 
     def layer(self, i: int, key_value: Tensor) -> tuple[Tensor, Tensor]:
         """One token's keys and values ``key_value`` [rows, 2 kv_heads, head_dim] into column ``length`` of layer
-        ``i`` -> the layer's keys and values up to it, [rows, kv_heads, length + 1, head_dim] each."""
-        n, b, kv_heads = self.length, self.rows, self.kv.shape[2] // 2
-        self.kv[i, :b, :, n] = key_value
-        return self.kv[i, :b, :kv_heads, : n + 1], self.kv[i, :b, kv_heads:, : n + 1]
+        ``i`` -> the layer's keys and values as ``visible`` covers them, [rows, kv_heads, n, head_dim] each."""
+        b, kv_heads = self.rows, self.kv.shape[2] // 2
+        if self.column is None:
+            self.kv[i, :b, :, self.length] = key_value
+            return self.kv[i, :b, :kv_heads, : self.length + 1], self.kv[i, :b, kv_heads:, : self.length + 1]
+        self.kv[i, :b].index_copy_(2, self.column, key_value[:, :, None])
+        return self.kv[i, :b, :kv_heads], self.kv[i, :b, kv_heads:]
+
+    def advance(self) -> None:
+        """One column filled: the next token's position and column."""
+        self.length += 1
+        self.positions += 1
+        if self.column is not None:
+            self.column += 1
 
 
-def decode(lm: nn.Module, ids: Tensor, mask: Tensor, sampling: Sampling, max_new_tokens: int, tokenizer):
+def decode(
+    lm: nn.Module, ids: Tensor, mask: Tensor, sampling: Sampling, max_new_tokens: int, tokenizer, graphs: bool = False
+):
     """Left-padded prompts ``ids``, ``mask`` [B, P] -> (responses [B, T] long, log-probs [B, T] float32), T the
-    longest answer (at most ``max_new_tokens``), padding after a row's EOS."""
+    longest answer (at most ``max_new_tokens``), padding after a row's EOS.
+
+    A row that emits EOS leaves the batch. ``graphs``: the step in static form (``Cache.make_static``) over a bucket
+    of rows (``cuda_graphs.bucket``): a stopped row stays in its bucket, masked out of the answers, until the going
+    ones fit the next bucket down; on CUDA each bucket's step is captured once and replayed (``GraphedStep``)."""
     first, run = runs(ids, mask)
     logits, cache = prefill(lm, ids[first], mask[first], run, ids.shape[1] + max_new_tokens)
-    fused = fused_layers(lm)
-    logits = logits[run]
-    eos = tokenizer.eos_token_id
-    live = torch.arange(ids.shape[0], device=ids.device)  # the row of each live cache row
-    drawn = []  # each step's (live rows, their tokens, their log-probs): written into the answers at the end
+    logits, eos, top = logits[run], tokenizer.eos_token_id, ids.shape[0]
+    forward = partial(step, lm, cache=cache, fused=fused_layers(lm))
+    if graphs:
+        cache.make_static()
+        forward = GraphedStep(forward, top, ids.device) if ids.is_cuda else forward
+    live = torch.arange(top, device=ids.device)  # the answer row of each stepped cache row
+    going = torch.ones(top, dtype=torch.bool, device=ids.device)  # which stepped rows have not stopped
+    drawn = []  # each step's (rows, their tokens, their log-probs, going): written into the answers at the end
     for t in range(max_new_tokens):
         tokens, token_logp = pick(logits, sampling)
-        drawn.append((live, tokens, token_logp))
-        going = tokens != eos
+        drawn.append((live, tokens, token_logp, going))
+        going = going & (tokens != eos)
         still = int(going.sum())
         if t == max_new_tokens - 1 or not still:
             break
-        if still < len(going):
-            order = cache.keep(going)
+        rows = bucket(still, top) if graphs else still
+        if rows < cache.rows:
+            order = cache.keep(going, rows)
             live, tokens = live[order], tokens[order]
-        logits = step(lm, tokens, cache, fused)
-    rows, tokens, token_logp = (torch.cat(x) for x in zip(*drawn))
+            going = torch.arange(rows, device=ids.device) < still
+        logits = forward(tokens)
+        cache.advance()
+    rows, tokens, token_logp, kept = (torch.cat(x) for x in zip(*drawn))
     steps = torch.arange(len(drawn), device=ids.device).repeat_interleave(
         torch.tensor([len(d[0]) for d in drawn], device=ids.device)
     )
-    responses = ids.new_full((ids.shape[0], len(drawn)), tokenizer.pad_token_id).index_put_((rows, steps), tokens)
-    logp = torch.zeros(responses.shape, dtype=torch.float32, device=ids.device).index_put_((rows, steps), token_logp)
+    at = rows[kept], steps[kept]
+    responses = ids.new_full((ids.shape[0], len(drawn)), tokenizer.pad_token_id).index_put_(at, tokens[kept])
+    logp = torch.zeros(responses.shape, dtype=torch.float32, device=ids.device).index_put_(at, token_logp[kept])
     return responses, logp
 
 
@@ -231,12 +286,13 @@ def prefill(lm: nn.Module, ids: Tensor, mask: Tensor, run: Tensor, width: int) -
 
 
 def step(lm: nn.Module, tokens: Tensor, cache: Cache, fused: list[Fused] | None = None) -> Tensor:
-    """The next token of every live row, ``tokens`` [b], through the model (``fused``: its layers' ``Fused``
-    weights, run by ``fused_layer``) -> logits [b, V] float32; its keys and values join ``cache``."""
-    b, at = cache.rows, cache.positions[: cache.rows]
+    """The next token of every stepped row, ``tokens`` [b], through the model (``fused``: its layers' ``Fused``
+    weights, run by ``fused_layer``) -> logits [b, V] float32; its keys and values join ``cache`` (whose
+    ``advance`` is the caller's: a CUDA graph of this step reads no Python state)."""
+    at = cache.positions[: cache.rows]
     x = lm.model.embed_tokens(tokens[:, None])  # [b, 1, H]
     angles = cache.cos[at][:, None, None], cache.sin[at][:, None, None]  # [b, 1, 1, D]
-    bias = cache.bias[:b, None, None, : cache.length + 1]  # [b, 1, 1, n + 1]
+    bias = cache.visible()
     for i, layer in enumerate(lm.model.layers):
         if fused is not None:
             x = fused_layer(fused[i], i, x, cache, angles, bias)
@@ -245,8 +301,6 @@ def step(lm: nn.Module, tokens: Tensor, cache: Cache, fused: list[Fused] | None 
         query, key, value = project(attention, norm(layer.input_layernorm, x), angles)
         key, value = cache.layer(i, torch.cat([key, value], 1)[:, :, 0])
         x = finish(layer, x, attend(query, key, value, bias, attention.scaling, attention.num_key_value_groups))
-    cache.length += 1
-    cache.positions += 1
     return head(lm, x[:, -1])
 
 
