@@ -34,3 +34,11 @@ def test_a_fast_sampler_says_once_what_it_does_not_apply(model_dir, capsys, roll
     err = capsys.readouterr().err
     message = f"{model_dir}/generation_config.json's min_new_tokens=2, repetition_penalty=1.3 (rollout=hf does)"
     assert (message in err) is noted and err.count("generation_config.json") == int(noted)
+
+
+def test_a_run_says_once_whether_the_decode_step_fuses_the_layers(model_dir, capsys):
+    for finetune, path in (("full", "each layer's projections fused"), ("lora", "a projection is not a plain Linear")):
+        settings = ["model=hf", f"model.path={model_dir}", f"model.finetune={finetune}", "trainer.threads=1"]
+        build(job_config(compose(settings)), Progress(quiet=True))
+        notes = [line for line in capsys.readouterr().err.splitlines() if "decodes with" in line]
+        assert len(notes) == 1 and path in notes[0], notes

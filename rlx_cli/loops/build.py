@@ -109,6 +109,9 @@ def build(cfg: DictConfig, progress) -> Parts:
         critic_optimizer = make_optimizer(models.critic.trainable_parameters(), cfg.critic.lr, cfg.trainer, strategy)
     sampler = SAMPLERS[cfg.rollout.name](cfg, models, path)
     if cfg.rollout.name == "fast":
+        from rlx_cli.sampling.fast_rollout import decode_path
+
+        progress.note(f"rollout=fast decodes with {decode_path(models.policy)}")
         unread = unread_generation_settings(path)
         if unread:
             progress.note(f"rollout=fast does not apply {path}/generation_config.json's {unread} (rollout=hf does)")

@@ -79,6 +79,12 @@ class FastSampler(HFSampler):
         return assemble(tok, enc, responses.clone(), logp.clone() if temperature > 0 else None)
 
 
+def decode_path(model: nn.Module) -> str:
+    """How ``rollout=fast`` decodes ``model``'s layers, for a run to say once."""
+    why = unfused_because(causal_lm(model))
+    return "each layer's projections fused" if why is None else f"each layer's own modules: {why}"
+
+
 def check_architecture(model: nn.Module) -> None:
     """A UserError unless ``model``'s decoder layers are ones ``decode`` computes: Llama or Qwen2, full attention,
     rotary angles that depend on the position only, no forward hooks."""
@@ -117,26 +123,39 @@ class Fused:
     scale: float
 
 
+def unfused_because(lm: nn.Module) -> str | None:
+    """Why ``fused_layers`` keeps the layers' own modules for ``lm`` (None: it fuses them): a projection that is not a
+    plain ``nn.Linear`` (a LoRA wrapper), biases that are not Llama's or Qwen2's (all or none of q, k, v; none on the
+    MLP), an activation other than SiLU, norms of two epsilons, or stacked copies over ``FUSED_BYTES``."""
+    copied = 0
+    for layer in lm.model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
+        linears = (q, k, v, attention.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if any(type(p) is not nn.Linear for p in linears):
+            return "a projection is not a plain Linear (LoRA's wrapper)"
+        if not isinstance(mlp.act_fn, (nn.SiLU, SiLUActivation)):
+            return f"the MLP's activation is {type(mlp.act_fn).__name__}, not SiLU"
+        if len({p.bias is None for p in (q, k, v)}) > 1 or any(p.bias is not None for p in linears[4:]):
+            return "its biases are neither Llama's nor Qwen2's"
+        if layer.post_attention_layernorm.variance_epsilon != layer.input_layernorm.variance_epsilon:
+            return "its two norms' epsilons differ"
+        copied += sum(p.weight.numel() * p.weight.element_size() for p in (q, k, v, mlp.gate_proj, mlp.up_proj))
+        if copied > FUSED_BYTES:
+            return f"the stacked copies would take over {FUSED_BYTES // 2**20} MiB"
+    return None
+
+
 def fused_layers(lm: nn.Module) -> list[Fused] | None:
-    """Each layer's ``Fused`` weights, or None where a projection is not a plain ``nn.Linear`` (a LoRA wrapper), the
-    biases are not Llama's or Qwen2's (all or none of q, k, v; none on the MLP), the activation is not SiLU, the two
-    norms' epsilons differ, or the stacked copies would take more than ``FUSED_BYTES``."""
-    fused, copied = [], 0
+    """Each layer's ``Fused`` weights, or None where ``unfused_because`` says why not."""
+    if unfused_because(lm) is not None:
+        return None
+    fused = []
     for layer in lm.model.layers:
         attention, mlp = layer.self_attn, layer.mlp
         q, k, v, o = attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj
-        linears = (q, k, v, o, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if any(type(p) is not nn.Linear for p in linears) or not isinstance(mlp.act_fn, (nn.SiLU, SiLUActivation)):
-            return None
         biases = [p.bias for p in (q, k, v)]
-        if len({b is None for b in biases}) > 1 or any(p.bias is not None for p in linears[4:]):
-            return None
         eps = layer.input_layernorm.variance_epsilon
-        if layer.post_attention_layernorm.variance_epsilon != eps:  # Fused holds one
-            return None
-        copied += sum(p.weight.numel() * p.weight.element_size() for p in (q, k, v, mlp.gate_proj, mlp.up_proj))
-        if copied > FUSED_BYTES:
-            return None
         fused.append(
             Fused(
                 input_norm=layer.input_layernorm.weight,
