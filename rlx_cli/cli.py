@@ -113,8 +113,10 @@ def sweep(
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the points and exit."),
     rerun: bool = typer.Option(False, "--rerun", help="Run points the study already FINISHED again."),
+    no_report: bool = typer.Option(False, "--no-report", help="No table at the end (rlx report --study NAME --stats)."),
 ) -> None:
-    """Run every point of a grid as one `rlx train`, each an MLflow child run of the study's parent run.
+    """Run every point of a grid as one `rlx train`, each an MLflow child run of the study's parent run; then print
+    the study's table with verdicts and write it beside the study (table.md, table.csv).
 
     Examples: rlx sweep algo=grpo 'loss_agg.mode=token_mean,seq_mean_token_mean' seed=0,1 --jobs 2 ·
     rlx sweep seed=0,1,2 --dry-run
@@ -122,7 +124,7 @@ def sweep(
     from rlx_cli.studies.sweep import sweep_command
 
     code = sweep_command(only_overrides(overrides), jobs=jobs, launcher=launcher, study=study, dry_run=dry_run,
-                         rerun=rerun)  # fmt: skip
+                         rerun=rerun, report=not no_report)  # fmt: skip
     raise typer.Exit(code)
 
 
@@ -136,15 +138,17 @@ def ablate(
     study: str = typer.Option(None, "--study", help="Study and experiment name (default: ALGO-ablation)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the points and exit."),
     rerun: bool = typer.Option(False, "--rerun", help="Run points the study already FINISHED again."),
+    no_report: bool = typer.Option(False, "--no-report", help="No table at the end (rlx report --study NAME --stats)."),
 ) -> None:
-    """The full preset plus the preset with each +ablate=no_* overlay that applies to it, K seeds each.
+    """The full preset plus the preset with each +ablate=no_* overlay that applies to it, K seeds each; then the
+    study's table with verdicts, printed and written beside the study.
 
     Examples: rlx ablate algo=vapo --seeds 3 --jobs 2 · rlx ablate algo=vapo --dry-run
     """
     from rlx_cli.studies.sweep import ablate_command
 
     code = ablate_command(only_overrides(overrides), seeds=seeds, jobs=jobs, launcher=launcher, study=study,
-                          dry_run=dry_run, rerun=rerun)  # fmt: skip
+                          dry_run=dry_run, rerun=rerun, report=not no_report)  # fmt: skip
     raise typer.Exit(code)
 
 
@@ -153,7 +157,9 @@ def ablate(
 def report(
     experiment: str = typer.Option(None, "--experiment", "-e", help="MLflow experiment to read."),
     study: str = typer.Option(None, "--study", "-s", help="Study (tag rlx.study) to read, in any experiment."),
-    metric: str = typer.Option("eval/accuracy", "--metric", "-m", help="The metric of the table."),
+    metric: str = typer.Option(
+        None, "--metric", "-m", help="The metric of the table (default eval/accuracy; with --runs the file's)."
+    ),
     baseline: str = typer.Option(None, "--baseline", help="Arm for Δ (default: the first without an ablation)."),
     reduce: str = typer.Option("last", "--reduce", help="One number per run: last | max | mean_last_k | mean_first_k."),
     k: int = typer.Option(3, "--k", help="K for --reduce mean_last_k and mean_first_k."),
@@ -162,9 +168,21 @@ def report(
     plots: Path = typer.Option(None, "--plots", help="Write PNG learning curves (mean ± std per arm) here."),
     extra_metrics: str = typer.Option(None, "--extra-metrics", help="More columns, e.g. train/reward,perf/step_s."),
     stats: bool = typer.Option(
-        False, "--stats", help="Per arm: paired t-test (shared seeds) or Welch, p, Holm's p, 95% CI of Δ, MDE at 80%."
+        False,
+        "--stats",
+        help="Per arm: paired t-test (shared seeds) or Welch, p, Holm's p, CI of Δ, MDE at 80%, and the verdict: "
+        "better | worse | equivalent (within --margin) | inconclusive (with the seeds that would decide it).",
     ),
-    minimize: bool = typer.Option(False, "--minimize", help="Lower is better (bold the smallest mean)."),
+    margin: float = typer.Option(
+        0.02, "--margin", help="--stats: the Δ within which arms are equivalent, in the metric's units."
+    ),
+    alpha: float = typer.Option(0.05, "--alpha", help="--stats: the family-wise level of the verdicts (Holm)."),
+    lower_is_better: bool = typer.Option(
+        False, "--lower-is-better", "--minimize", help="Lower is better (losses, KLs and perf/*_s are known to be)."
+    ),
+    runs: Path = typer.Option(
+        None, "--runs", help="Rebuild the table from a *-runs.csv that --out wrote (no MLflow store needed)."
+    ),
     seeds: str = typer.Option(None, "--seeds", help="Only these seeds, e.g. 0,1,2: every arm on the same seeds."),
     arm: list[str] = typer.Option(
         None, "--arm", help="Only this arm (repeat for more): its name as printed, or overrides that single it out."
@@ -186,6 +204,7 @@ def report(
     """The ablation table of tracked runs: one row per arm, mean ± std over seeds, Δ vs the baseline.
 
     Examples: rlx report --study vapo-ablation --stats · rlx report --study vapo-ablation --power 0.02 ·
+    rlx report --runs reports/off-policy/table-runs.csv --stats --margin 0.05 ·
     rlx report --experiment rlx --format csv --out t.csv --plots curves/
     · rlx report --study entropy --fit entropy --metric eval/accuracy --plots fits/
     · rlx report --study entropy --x samples --fit sigmoid --out reports/x/fit.md --plots reports/x/
@@ -194,8 +213,8 @@ def report(
 
     text = report_command(
         experiment=experiment, study=study, metric=metric, baseline=baseline, reduce_by=reduce, k=k, fmt=fmt,
-        out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, minimize=minimize, seeds=seeds,
-        arm_names=arm, fit=fit, power=power, x=x, fit_from=fit_from,
+        out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, lower_is_better=lower_is_better,
+        seeds=seeds, arm_names=arm, fit=fit, power=power, x=x, fit_from=fit_from, runs=runs, margin=margin, alpha=alpha,
     )  # fmt: skip
     if out is None:
         print(text, end="")

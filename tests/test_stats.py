@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 
 from rlx_cli.studies import stats
@@ -254,3 +255,83 @@ def test_seeds_needed_edges():
     assert stats.seeds_needed(0.1, (0.0,)) == 2  # no spread: the fewest a t-test takes
     assert stats.seeds_needed(1e-6, (1.0,)) is None  # past 100,000 seeds
     assert stats.seeds_needed(0.1, (math.nan,)) is None
+
+
+def t2_upper_tail(t: float) -> float:
+    """P(T >= t) for df = 2, in closed form: (1 - t / sqrt(2 + t²)) / 2."""
+    return (1 - t / math.sqrt(2 + t * t)) / 2
+
+
+def test_verdict_by_hand_with_two_degrees_of_freedom():
+    a, b = [0.62, 0.65, 0.61], [0.60, 0.60, 0.60]
+    diffs = [0.02, 0.05, 0.01]  # mean 0.08 / 3, sample sd from the squared deviations, se = sd / sqrt(3), df = 2
+    d = sum(diffs) / 3
+    se = math.sqrt(sum((x - d) ** 2 for x in diffs) / 2) / math.sqrt(3)
+    got = stats.verdict(a, b, margin=0.05)
+    assert got.delta == pytest.approx(d, abs=1e-12) and got.p == pytest.approx(2 * t2_upper_tail(d / se), abs=1e-12)
+    # TOST: H0 Δ <= -0.05 rejected at p = P(T >= (d + 0.05) / se); H0 Δ >= 0.05 at p = P(T <= (d - 0.05) / se)
+    p_equivalent = max(t2_upper_tail((d + 0.05) / se), t2_upper_tail((0.05 - d) / se))
+    assert got.p_equivalent == pytest.approx(p_equivalent, abs=1e-12) and 0.05 < p_equivalent < 0.1
+    half = math.sqrt(2 * 0.95**2 / (1 - 0.95**2)) * se  # t_2(0.05) from 1 - t / sqrt(2 + t²) = 0.05
+    assert (got.low, got.high) == (pytest.approx(d - half), pytest.approx(d + half))
+    assert got.label == "inconclusive"
+    # to decide, the t-test must find max(|Δ|, δ) = 0.05 with 80% power at the spread of these differences
+    assert got.seeds_needed == stats.seeds_needed(0.05, ((se * se) * 3,))
+    wide = stats.verdict(a, b, margin=0.1)  # the 0.1 margin: p = max(P(T >= 10.5), P(T >= 6.1)) = 0.013
+    assert wide.label == "equivalent" and wide.p_equivalent == pytest.approx(t2_upper_tail((0.1 - d) / se))
+    assert wide.seeds_needed is None
+
+
+def test_verdict_labels_and_their_direction():
+    up, base = [0.8, 0.82, 0.81, 0.83], [0.5, 0.51, 0.52, 0.5]
+    assert stats.verdict(up, base, margin=0.02).label == "better"
+    assert stats.verdict(base, up, margin=0.02).label == "worse"
+    assert stats.verdict(up, base, margin=0.02, lower_is_better=True).label == "worse"  # a loss that rose
+    assert stats.label(-0.1, 0.01, 0.9, lower_is_better=True) == "better"
+    assert stats.label(0.1, math.nan, math.nan) == "inconclusive"  # no test at all
+    same = stats.verdict([0.5, 0.5], [0.5, 0.5], margin=0.02)  # no spread, equal: p = 1, certainly within δ
+    assert (same.label, same.p, same.p_equivalent) == ("equivalent", 1.0, 0.0)
+    one = stats.verdict([0.5], [0.4], margin=0.02)
+    assert one.label == "inconclusive" and one.seeds_needed is None and math.isnan(one.p)
+    welch = stats.verdict(up, base[:3], margin=0.02, paired=False)
+    assert welch.label == "better" and welch.p == pytest.approx(stats.welch(up, base[:3])[2])
+    with pytest.raises(ValueError, match="paired verdict of 4 against 3 values"):
+        stats.verdict(up, base[:3], margin=0.02)
+
+
+def calibration(rng, n: int, count: int, *, delta: float, arm_sd: float, seed_sd: float = 1.0, paired: bool = True,
+                margin: float = 0.02):  # fmt: skip
+    """``count`` verdicts on synthetic seeds: a shared per-seed effect N(0, seed_sd) in both arms (as a seed's prompts
+    and draws are), each arm's own noise N(0, arm_sd), the arm ``delta`` above the baseline."""
+    shared = rng.normal(0.0, seed_sd, (count, n))
+    arms = shared + delta + rng.normal(0.0, arm_sd, (count, n))
+    bases = shared + rng.normal(0.0, arm_sd, (count, n))
+    return [stats.verdict(a.tolist(), b.tolist(), margin=margin, paired=paired) for a, b in zip(arms, bases)]
+
+
+def slack(rate: float, count: int) -> float:
+    """Three binomial standard deviations of a rate measured over ``count`` trials."""
+    return 3 * math.sqrt(rate * (1 - rate) / count)
+
+
+def test_calibration_no_difference_gives_few_false_verdicts():
+    rng = np.random.default_rng(0)
+    verdicts = calibration(rng, 5, 1000, delta=0.0, arm_sd=0.05)
+    false = sum(v.label in ("better", "worse") for v in verdicts) / 1000
+    assert false <= 0.05 + slack(0.05, 1000)
+
+
+def test_calibration_equivalence_and_difference_have_power():
+    rng, margin = np.random.default_rng(1), 0.02
+    equal = calibration(rng, 10, 1000, delta=0.0, arm_sd=margin / 3, margin=margin)
+    assert sum(v.label == "equivalent" for v in equal) / 1000 >= 0.8
+    apart = calibration(rng, 10, 1000, delta=3 * margin, arm_sd=margin, margin=margin)
+    assert sum(v.label == "better" for v in apart) / 1000 >= 0.8
+
+
+@pytest.mark.parametrize("paired", [True, False])
+def test_calibration_the_interval_covers_the_true_difference(paired):
+    rng = np.random.default_rng(2)
+    verdicts = calibration(rng, 5, 1000, delta=0.03, arm_sd=0.04, seed_sd=0.0 if not paired else 1.0, paired=paired)
+    covered = sum(v.low <= 0.03 <= v.high for v in verdicts) / 1000
+    assert abs(covered - 0.95) <= 0.02

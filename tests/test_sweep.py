@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from conftest import SHORT, mlflow_runs, rlx
 
@@ -204,3 +206,46 @@ def test_submitit_launcher_in_its_local_executor(workdir):
     runs = mlflow_runs(workdir)
     assert sorted(runs["status"]) == ["FINISHED", "FINISHED"]  # the study's parent and its one child
     assert list((workdir / "outputs" / "sweeps").glob("*/submitit"))
+
+
+def table_of(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    """A markdown table in ``text`` -> (its headers, arm -> its cells)."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return cells[0], {row[0]: row for row in cells[2:]}
+
+
+@pytest.mark.slow
+def test_a_sweep_ends_with_its_table_where_a_far_too_high_rate_is_flagged_collapsed(workdir):
+    """Acceptance 2 of the verdicts: two arms of the default, 2 seeds each, one with a learning rate 1000 times the
+    model's (1e-5): the table the sweep prints at its end and rlx report both show verdict, eval SE and health, and
+    only the fast arm is collapsed (its accuracies fall to 0 from the step-0 evaluation)."""
+    args = ["trainer.lr=1e-5,0.01", "seed=0,1", *SHORT]
+    out = rlx("sweep", *args, "--jobs", "2", "--study", "health", cwd=workdir)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "4 finished, 0 failed, 0 skipped" in out.stdout
+    folder = workdir / "outputs" / "sweeps" / "health"
+    for text in (out.stdout, (folder / "table.md").read_text()):
+        headers, rows = table_of(text)
+        assert headers[1] == "eval/accuracy_sampled" and {"verdict", "eval SE", "health"} <= set(headers)
+        fast, default = rows["grpo trainer.lr=0.01"], rows["grpo trainer.lr=1e-05"]  # as Hydra writes 1e-5
+        health = headers.index("health")
+        assert "collapsed" in fast[health].split(", ") and "collapsed" not in default[health]
+        assert float(fast[headers.index("eval SE")]) >= 0 and float(default[headers.index("eval SE")]) > 0
+        collapse = r"health of grpo trainer.lr=0.01: collapsed \(seed [01]: eval/accuracy(_sampled)? 0\.\d+ → 0\.000"
+        assert re.search(collapse, text)
+    table = pd.read_csv(folder / "table.csv")
+    assert {"verdict", "eval_se", "health", "p_equivalent_holm"} <= set(table.columns)
+    runs = pd.read_csv(folder / "table-runs.csv")
+    assert len(runs) == 4 and {"status", "eval/accuracy_sampled_se", "eval/accuracy start"} <= set(runs.columns)
+
+    report = rlx("report", "--study", "health", "--stats", "--metric", "eval/accuracy", cwd=workdir)
+    headers, rows = table_of(report.stdout)
+    assert report.returncode == 0 and {"verdict", "eval SE", "health"} <= set(headers)
+    assert "collapsed" in rows["grpo trainer.lr=0.01"][headers.index("health")]
+    again = rlx("report", "--runs", str(folder / "table-runs.csv"), "--stats", cwd=workdir)
+    assert table_of(again.stdout) == table_of(out.stdout)  # the same table from the file alone
+
+    quiet = rlx("sweep", *args, "--study", "health", "--no-report", cwd=workdir)
+    assert quiet.returncode == 0 and "0 finished, 0 failed, 4 skipped" in quiet.stdout
+    assert "| arm" not in quiet.stdout and "rlx report --study health --stats" in quiet.stdout

@@ -9,6 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlx_cli.config import signatures
 from rlx_cli.config.errors import UserError
 
 CONFIG_MODULE = "rlx_cli.conf"
@@ -102,12 +103,10 @@ def ablations(choices: dict) -> list[str]:
 
 def takes_a_value(cfg: DictConfig, key: str) -> bool:
     """Whether ``key`` (``group.param``) is a component hyperparameter whose default is a value, not None."""
-    from components import registry
-
     group, _, param = key.partition(".")
-    if group not in registry.WIRING_KEYS:
+    if group not in signatures.registry().WIRING_KEYS:
         return False
-    return registry.hyperparameters(group, cfg[group].name).get(param) is not None
+    return signatures.table()[group][cfg[group].name].hyperparameters.get(param) is not None
 
 
 def check_applies(name: str, preset: DictConfig, ablated: DictConfig) -> None:

@@ -6,6 +6,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from rlx_cli.config import signatures
 from rlx_cli.config.compose import conf_dir
 from rlx_cli.config.errors import UserError
 
@@ -16,23 +17,20 @@ def yaml_block(group: str, name: str) -> dict:
 
 
 def print_components(group: str | None) -> None:
-    from components import registry
-
-    groups = registry.groups()
-    if group is not None and group not in groups:
-        raise UserError(f"unknown component group '{group}' (valid: {', '.join(groups)})")
-    table = Table(show_lines=False)
+    table = signatures.table()  # read from the source: listing imports no torch
+    if group is not None and group not in table:
+        raise UserError(f"unknown component group '{group}' (valid: {', '.join(sorted(table))})")
+    rows = Table(show_lines=False)
     for column in ("group", "name", "hyperparameters (YAML value; function default where they differ)", "source"):
-        table.add_column(column)
-    for g in [group] if group else groups:
-        for name in registry.names(g):
-            fn = registry.get(g, name)
-            defaults = registry.hyperparameters(g, name)
+        rows.add_column(column)
+    for g in [group] if group else sorted(table):
+        for name, signature in sorted(table[g].items()):
+            defaults = signature.hyperparameters
             block = {k: v for k, v in yaml_block(g, name).items() if k != "name"}
             shown = []
             for key in dict.fromkeys([*block, *defaults]):
                 value = block.get(key, defaults.get(key))
                 note = f" (fn: {defaults[key]})" if key in block and key in defaults and defaults[key] != value else ""
                 shown.append(f"{key}={value}{note}")
-            table.add_row(g, name, ", ".join(shown), f"{fn.__module__}.{fn.__name__}")
-    Console().print(table)
+            rows.add_row(g, name, ", ".join(shown), signature.source)
+    Console().print(rows)

@@ -3,9 +3,10 @@
 One process is the reference: N processes compute the same update from the same global batch (to float
 rounding), each doing 1/N of the sampling and of the forward and backward passes.
 
-1. Every process starts from rank 0's weights (broadcast once); ranks > 0 sample from their own random streams,
-   seeded each step. ``trainer.strategy`` decides what each process holds (``sharding.py``): whole replicas
-   (``ddp``), replicas with sharded AdamW states (``zero1``), or FSDP2 shards (``fsdp``).
+1. Every process starts from rank 0's weights (broadcast once); each samples a step from a random stream of its
+   own, seeded by the seed, its rank and the step (``sampling_stream``). ``trainer.strategy`` decides what each
+   process holds (``sharding.py``): whole replicas (``ddp``), replicas with sharded AdamW states (``zero1``), or FSDP2
+   shards (``fsdp``).
 2. Sampling: each process samples a contiguous block of the step's prompts, whole groups (a group baseline
    needs its whole group), and scores them. ``gather_samples`` all-gathers the rollouts in rank order into
    the batch one process would have sampled for those prompts: same rows, order and padding.
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from contextlib import contextmanager
 from dataclasses import fields
 
 import torch
@@ -92,18 +94,22 @@ def broadcast_weights(*modules) -> None:
 EVALUATION_STREAM = -(2**40)  # in the place of a step: no run's step or value-pretraining step is this
 
 
-def seed_sampling(seed: int, step: int) -> None:
-    """Ranks > 0 sample each step from a stream of their own, a function of (seed, rank, step), so that a resumed
-    run draws what the uninterrupted one drew; rank 0 keeps its stream (a checkpoint holds its state)."""
-    if rank() > 0:
+@contextmanager
+def sampling_stream(seed: int, step: int):
+    """Inside it, this process draws from the random stream of (seed, rank, step) alone; outside it the stream is
+    left as it was (the update's minibatch permutations, which a checkpoint holds). So a resumed run, and a sampler
+    process of its own (``rollout.overlap``), draw each step what the uninterrupted sequential run drew."""
+    with torch.random.fork_rng():
         torch.manual_seed(hash((seed, rank(), step)) % 2**63)
+        yield
 
 
-def seed_evaluation(seed: int) -> None:
-    """Every evaluation of a run draws the same random numbers, a function of (seed, rank) alone: runs that share a
-    seed and their first policy sample the same step-0 answers, whatever they drew before (a critic's start, value
-    pretraining), and later evaluations differ by what the policies learned. Call it inside ``fork_rng``."""
-    torch.manual_seed(hash((seed, rank(), EVALUATION_STREAM)) % 2**63)
+def seed_evaluation(seed: int, block: int) -> None:
+    """The random stream of block ``block`` of the evaluation's prompts, a function of (seed, block) alone: every
+    evaluation of every run with this seed draws it, whatever the run drew before (a critic's start, value
+    pretraining) and however many processes share the prompts, so runs that share a seed and their weights sample the
+    same answers, and later evaluations differ by what the policies learned. Call it inside ``fork_rng``."""
+    torch.manual_seed(hash((seed, block, EVALUATION_STREAM)) % 2**63)
 
 
 def gather_list(x: Tensor) -> list[Tensor]:

@@ -1,5 +1,5 @@
-"""The policy's answers to problems, and evaluation on the task's held-out prompts: greedy and sampled accuracy,
-unbiased pass@k."""
+"""The policy's answers to problems, and evaluation on the task's held-out prompts: greedy and sampled accuracy with
+their standard errors, unbiased pass@k."""
 
 from __future__ import annotations
 
@@ -24,38 +24,67 @@ def answers(cfg, parts: Parts, problems: list, temperature: float, model=None, m
         )
 
 
+EVAL_BLOCK = 16  # prompts whose sampled answers come from one random stream (seed_evaluation), drawn in one batch
+
+
 @torch.no_grad()
 def evaluate(cfg, parts: Parts) -> dict[str, float]:
-    """Greedy and sampled accuracy on the task's fixed held-out prompts -> eval/*.
+    """Greedy and sampled accuracy on the task's fixed held-out prompts, with their standard errors -> eval/*.
 
     ``eval/accuracy``: one greedy answer per prompt. ``eval/accuracy_sampled``: the mean score of ``eval.samples``
     answers per prompt at the rollout temperature; from the same answers ``eval/pass_at_k`` for each k of
     ``eval.pass_k`` (pass@k: MLflow refuses "@" in a name), unbiased (``pass_at_k``), an answer scored 1 counting
-    as correct. Answers get ``eval.max_new_tokens`` tokens at most (null: ``rollout.max_new_tokens``); each
-    evaluation draws from the same random stream (``distributed.seed_evaluation``). N processes: each evaluates its
-    block of the prompts; the sums are totalled.
+    as correct. ``eval/accuracy_se`` and ``eval/accuracy_sampled_se``: the standard error of each over the prompts
+    (``standard_error``; with several answers a prompt the cluster standard error, prompts the clusters). Answers
+    get ``eval.max_new_tokens`` tokens at most (null: ``rollout.max_new_tokens``).
+
+    Common random numbers: the prompts are cut into blocks of ``EVAL_BLOCK``, each sampled in one batch from a stream
+    of its own (``distributed.seed_evaluation``: the seed and the block), so every evaluation of every run with this
+    seed, whatever its arm and its number of processes, draws the same numbers for the same prompts, and a prompt
+    whose answers change (another length, another token) moves the draws of its own block only. N processes: each
+    evaluates its share of the blocks; the sums are totalled.
     """
     task, n, ks = parts.task, cfg.eval.samples, list(cfg.eval.pass_k)
-    problems, total = distributed.shard(task.eval_problems), len(task.eval_problems)
+    every, total = task.eval_problems, len(task.eval_problems)
+    blocks = distributed.shard([(b, every[i : i + EVAL_BLOCK]) for b, i in enumerate(range(0, total, EVAL_BLOCK))])
+    problems = [p for _, block in blocks for p in block]
     out = {}
     devices = torch.random.fork_rng()  # evaluation must not shift the training samples' random stream
     with devices:
-        distributed.seed_evaluation(cfg.seed)  # its own stream: arms of a study draw alike
-        for name, temperature, repeats in (("accuracy", 0.0, 1), ("accuracy_sampled", cfg.rollout.temperature, n)):
-            correct, tokens, passes = 0.0, 0.0, [0.0] * len(ks)
-            if problems:  # more processes than prompts leave some without
-                asked = [p for p in problems for _ in range(repeats)]  # a prompt's answers in a row: one prefill
-                batch = answers(cfg, parts, asked, temperature, max_new_tokens=cfg.eval.max_new_tokens)
-                scores = torch.tensor(task.score_batch(batch.texts, asked), dtype=torch.float64)
-                correct, tokens = scores.sum().item() / repeats, batch.tokens()
-                if name == "accuracy_sampled":
-                    right = (scores >= 1).view(-1, repeats).sum(1)  # [prompts]
-                    passes = [sum(pass_at_k(repeats, int(c), k) for c in right) for k in ks]
-            out[f"eval/{name}"] = distributed.total(correct) / total
-            if name == "accuracy":
-                out["eval/response_len"] = distributed.total(tokens) / total
-        out |= {f"eval/pass_at_{k}": distributed.total(p) / total for k, p in zip(ks, passes)}
+        greedy, tokens = scored(cfg, parts, problems, 0.0, 1)  # [prompts, 1]: no random numbers drawn
+        sampled = torch.zeros(0, n, dtype=torch.float64)
+        for b, block in blocks:
+            distributed.seed_evaluation(cfg.seed, b)
+            sampled = torch.cat([sampled, scored(cfg, parts, block, cfg.rollout.temperature, n)[0]])
+    for name, scores in (("accuracy", greedy), ("accuracy_sampled", sampled)):
+        out[f"eval/{name}"], out[f"eval/{name}_se"] = standard_error(scores.mean(1), total)
+    out["eval/response_len"] = distributed.total(tokens) / total
+    right = (sampled >= 1).sum(1)  # [prompts]: the correct answers of each
+    out |= {f"eval/pass_at_{k}": distributed.total(sum(pass_at_k(n, int(c), k) for c in right)) / total for k in ks}
     return out
+
+
+def scored(cfg, parts: Parts, problems: list, temperature: float, repeats: int) -> tuple[torch.Tensor, float]:
+    """``repeats`` answers to each of ``problems`` (a prompt's in a row: one prefill) -> (their scores [prompts,
+    repeats] float64, the answers' tokens)."""
+    if not problems:  # more processes than blocks leave some without
+        return torch.zeros(0, repeats, dtype=torch.float64), 0.0
+    asked = [p for p in problems for _ in range(repeats)]
+    batch = answers(cfg, parts, asked, temperature, max_new_tokens=cfg.eval.max_new_tokens)
+    scores = torch.tensor(parts.task.score_batch(batch.texts, asked), dtype=torch.float64)
+    return scores.view(-1, repeats), float(batch.tokens())
+
+
+def standard_error(means: torch.Tensor, total: int) -> tuple[float, float]:
+    """The mean of per-prompt means ``means`` [this process's prompts] over all ``total`` prompts, and its standard
+    error sqrt(Σ (m_i - m̄)² / (P (P - 1))): over prompts, or, where each m_i averages a prompt's k answers, the
+    cluster standard error with the prompts as clusters (equal sizes), which counts a prompt's answers as one unit
+    since they share its difficulty. NaN SE for a single prompt."""
+    mean = distributed.total(float(means.sum())) / total
+    squares = distributed.total(float((means * means).sum()))
+    if total < 2:
+        return mean, float("nan")
+    return mean, math.sqrt(max(squares - total * mean * mean, 0.0) / (total * (total - 1)))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

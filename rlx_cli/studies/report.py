@@ -1,173 +1,58 @@
 """``rlx report``: tracked runs -> an ablation table (one row per arm, mean ± std over seeds) and learning curves.
 
-1. read the FINISHED runs of an experiment or a study from MLflow (any tracking URI), without study parents
+1. read the FINISHED runs of an experiment or a study from MLflow (any tracking URI), without study parents, and
+   its FAILED ones (for the health flags alone); or, with ``--runs FILE``, the per-run records a report wrote
 2. group them into arms by their overrides minus ``seed=`` (the latest run per seed counts)
-3. reduce each run's metric history to one number (last | max | mean_last_k | mean_first_k), then mean ± std per arm
-4. Δ vs the baseline arm (default: the first arm without an ablation); with ``--stats`` per arm the paired or
-   Welch t-test, its CI, p, Holm's p across the table and the detectable effect (``stats.compare``);
-   with ``--power Δ`` instead the seeds each arm needs to detect Δ
+3. a record per run (``run_records``): its metric history reduced to one number (last | max | mean_last_k |
+   mean_first_k), the evaluation's standard error reduced alike, the figures the health flags read (``health``)
+4. the table (``report_table``): mean ± std per arm, Δ vs the baseline (default: the first arm without an
+   ablation), the eval SE and health columns; with ``--stats`` per arm the paired or Welch t-test, its CI, p,
+   Holm's p across the table, the detectable effect and the verdict (``stats``); with ``--power Δ`` instead the
+   seeds each arm needs to detect Δ
 5. format (md | csv | tex | html, see ``report_format``) and optionally plot the curves
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 
 from rlx_cli.config.errors import UserError
-from rlx_cli.studies import compute_axis, report_format, scaling_report, stats
-from rlx_cli.studies.runs import connect, histories, load_runs, only_seeds
-from rlx_cli.studies.study import SEED_KEY, canonical_tokens, key_of, override_tokens, quoted
+from rlx_cli.studies import compute_axis, health, report_format, run_records, scaling_report, stats
+from rlx_cli.studies.arms import Arm, common_overrides, default_baseline, group_arms, only_arms, pick_arm
+from rlx_cli.studies.report_table import Judging, build_table, known_lower_is_better, power_table
+from rlx_cli.studies.run_records import RunRecord, reduced, se_metric
+from rlx_cli.studies.runs import connect, histories, load_failed, load_runs, only_seeds, seeds_of
+from rlx_cli.studies.study import override_tokens
 
 REDUCE = ("last", "max", "mean_last_k", "mean_first_k")
 FITS = ("entropy", "sigmoid")  # rlx report --fit: entropy_fit.py, scaling_report.py
 FORMATS = ("md", "csv", "tex", "html")
+DEFAULT_METRIC = "eval/accuracy"
+# the metric of the table rlx sweep and rlx ablate print at their end: the accuracy of what the policy samples, which
+# RL trains (the built-in bases answer greedily near 1.0 already); eval/accuracy where the runs lack it
+MAIN_METRICS = ("eval/accuracy_sampled", "eval/accuracy")
+STORE_OPTIONS = ("--experiment", "--study", "--fit", "--x", "--plots")  # what --runs cannot take: they need MLflow
 
 
-@dataclass
-class Arm:
-    tokens: list[str]  # the overrides without the seed, sorted
-    algo: str
-    ablate: str
-    runs: list = field(default_factory=list)  # mlflow Run objects, one per seed
-    label: str = ""
+@dataclass(frozen=True)
+class Asked:
+    """What a table shows beyond the means: with ``stats`` each arm's tests and verdict, judged by ``judging``; with
+    ``power`` instead the seeds each arm needs to detect that Δ."""
 
-    @property
-    def key(self) -> str:
-        """Its overrides as one command line's words."""
-        return " ".join(map(quoted, self.tokens))
-
-
-def group_arms(runs: list) -> list[Arm]:
-    """Arms by overrides minus the seed, in the order they started; labels name what differs between them."""
-    arms: dict[str, Arm] = {}
-    for run in sorted(runs, key=lambda r: r.info.start_time):
-        tags = run.data.tags
-        tokens = [t for t in canonical_tokens(tags["rlx.overrides"]) if key_of(t) != SEED_KEY]
-        arm = arms.setdefault("\0".join(tokens), Arm(tokens, tags.get("rlx.algo", "?"), tags.get("rlx.ablate", "none")))
-        seed = tags.get("rlx.seed", "?")
-        arm.runs = [r for r in arm.runs if r.data.tags.get("rlx.seed", "?") != seed] + [run]  # a re-run replaces
-    return labelled(list(arms.values()))
-
-
-def common_tokens(arms: list[Arm]) -> set[str]:
-    """The override tokens every arm has."""
-    return set.intersection(*(set(a.tokens) for a in arms))
-
-
-def labelled(found: list[Arm]) -> list[Arm]:
-    """``found`` with each arm's label: its algorithm, ablation and the overrides that differ between these arms."""
-    common = common_tokens(found)
-    seen: dict[str, int] = {}
-    for arm in found:
-        differing = [t for t in arm.tokens if t not in common and key_of(t) not in ("algo", "ablate")]
-        ablate = [] if arm.ablate == "none" else [f"+ablate={arm.ablate}"]
-        label = " ".join([arm.algo, *ablate, *map(quoted, differing)])
-        seen[label] = seen.get(label, 0) + 1
-        arm.label = label if seen[label] == 1 else f"{label} #{seen[label]}"
-    return found
-
-
-def common_overrides(arms: list[Arm]) -> str:
-    common = common_tokens(arms)
-    return " ".join(quoted(t) for t in arms[0].tokens if t in common)
-
-
-def default_baseline(arms: list[Arm]) -> Arm:
-    """The baseline when ``--baseline`` is not given: the first arm without ablation (else the first arm)."""
-    return next((a for a in arms if a.ablate == "none"), arms[0])
-
-
-def pick_arm(arms: list[Arm], name: str, option: str) -> Arm:
-    """The one arm ``name`` names: its label, or overrides (and the algorithm) that single it out."""
-    exact = [a for a in arms if a.label == name]
-    wanted = set(override_tokens(name))
-    matches = exact or [a for a in arms if wanted <= set(a.tokens) | {a.algo, a.label}]
-    if len(matches) != 1:
-        labels = "; ".join(a.label for a in arms)
-        raise UserError(f"{option} '{name}' matches {len(matches)} arms (valid: {labels})")
-    return matches[0]
-
-
-def only_arms(arms: list[Arm], names: list[str] | None, base: Arm | None) -> list[Arm]:
-    """``--arm`` (repeatable): just the arms named and ``base``, in the order they started, labelled against each
-    other. Names are matched against the labels of the whole study, as ``--baseline`` is."""
-    if not names:
-        return arms
-    chosen = {id(pick_arm(arms, name, "--arm")) for name in names} | ({id(base)} if base else set())
-    return labelled([a for a in arms if id(a) in chosen])
-
-
-def reduce(points: list[tuple[int, float]], how: str, k: int) -> float | None:
-    values = [v for _, v in points]
-    if not values:
-        return None
-    if how == "last":
-        return values[-1]
-    if how == "max":
-        return max(values)
-    if how == "mean_first_k":  # the start of training: train/* metrics from step 1, eval/* from step 0
-        return stats.mean(values[:k])
-    return stats.mean(values[-k:])
-
-
-def by_seed(arm: Arm, curves, metric: str, how: str, k: int) -> dict[str, float]:
-    """seed -> the run's reduced metric (runs without the metric left out)."""
-    values = {
-        r.data.tags.get("rlx.seed", r.info.run_id): reduce(curves[r.info.run_id, metric], how, k) for r in arm.runs
-    }
-    return {seed: v for seed, v in values.items() if v is not None}
-
-
-def build_table(arms, base: Arm, curves, metric: str, extras: list[str], how: str, k: int, with_stats: bool):
-    """Raw numbers, one row per arm (baseline first): what every format prints."""
-    per_arm = {(arm.label, m): by_seed(arm, curves, m, how, k) for arm in arms for m in [metric, *extras]}
-    reference = per_arm[base.label, metric]
-    rows = []
-    for arm in [base] + [a for a in arms if a is not base]:
-        values = per_arm[arm.label, metric]
-        listed = list(values.values())
-        row = {"arm": arm.label, "n": len(values), "mean": stats.mean(listed), "std": stats.std(listed)}
-        row["delta"] = row["mean"] - stats.mean(list(reference.values())) if values and reference else stats.NAN
-        if with_stats:
-            test = stats.compare(values, reference) if arm is not base else None
-            row["test"] = test.test if test else ""
-            row["p_value"] = test.p if test else stats.NAN
-            row["ci_low"], row["ci_high"] = (test.low, test.high) if test else (stats.NAN, stats.NAN)
-            row["detectable"] = test.detectable if test else stats.NAN
-        for m in extras:
-            listed = list(per_arm[arm.label, m].values())
-            row[f"{m} mean"], row[f"{m} std"] = stats.mean(listed), stats.std(listed)
-        row["overrides"] = arm.key
-        rows.append(row)
-    table = pd.DataFrame(rows)
-    if with_stats:
-        table.insert(table.columns.get_loc("p_value") + 1, "p_holm", stats.holm(table["p_value"].tolist()))
-    return table
-
-
-def power_table(arms, base: Arm, curves, metric: str, how: str, k: int, delta: float):
-    """Per arm against the baseline: the pilot's n, test and spread, its detectable effect, the seeds Δ needs."""
-    reference = by_seed(base, curves, metric, how, k)
-    rows = []
-    for arm in [a for a in arms if a is not base]:
-        values = by_seed(arm, curves, metric, how, k)
-        test = stats.compare(values, reference)
-        needed = stats.seeds_needed(delta, test.variances) if test.test else None
-        rows.append({
-            "arm": arm.label, "n": len(values), "test": test.test, "sigma": test.sigma,
-            "detectable": test.detectable, "seeds_needed": needed, "overrides": arm.key,
-        })  # fmt: skip
-    return pd.DataFrame(rows, columns=["arm", "n", "test", "sigma", "detectable", "seeds_needed", "overrides"])
+    judging: Judging = field(default_factory=Judging)
+    stats: bool = False
+    power: float | None = None
 
 
 def report_command(
     *,
     experiment: str | None = None,
     study: str | None = None,
-    metric: str = "eval/accuracy",
+    metric: str | None = None,
     baseline: str | None = None,
     reduce_by: str = "last",
     k: int = 3,
@@ -176,24 +61,88 @@ def report_command(
     plots: Path | None = None,
     extra_metrics: str | None = None,
     with_stats: bool = False,
-    minimize: bool = False,
+    lower_is_better: bool = False,
     seeds: str | None = None,
     arm_names: list[str] | None = None,
     fit: str | None = None,
     power: float | None = None,
     x: str | None = None,
     fit_from: float = 0.0,
+    runs: Path | None = None,
+    margin: float = 0.02,
+    alpha: float = stats.ALPHA,
 ) -> str:
     """``rlx report``: returns the formatted table (and writes it to ``out``, the per-run data beside it, the curves
     to ``plots``).
 
-    ``x``: the curves' axis, ``step`` or a compute axis (``compute_axis.py``): every run cut at the common budget,
-    an AUC column and the realised samples. ``fit="entropy"``: instead, per arm the fit of R = −a·exp(H) + b to
-    (train/entropy, ``metric``) (``entropy_fit.py``). ``power``: instead, the seeds each arm needs to detect a Δ of
-    that size (planning).
+    ``metric``: the table's (default ``eval/accuracy``; with ``runs``, the file's). ``x``: the curves' axis, ``step``
+    or a compute axis (``compute_axis.py``): every run cut at the common budget, an AUC column and the realised
+    samples. ``fit="entropy"``: instead, per arm the fit of R = −a·exp(H) + b to (train/entropy, ``metric``)
+    (``entropy_fit.py``). ``power``: instead, the seeds each arm needs to detect a Δ of that size (planning).
+    ``with_stats``: the tests and each arm's verdict at level ``alpha`` against ``margin`` (in the metric's units),
+    higher being better unless ``lower_is_better`` or the metric is known to be better lower. ``runs``: the table
+    rebuilt from the ``*-runs.csv`` a report wrote (``run_records``), without the MLflow store.
     """
     from rlx_cli.studies import entropy_fit
 
+    check_options(reduce_by, fmt, k, fit, fit_from, x, power, margin, alpha)
+    extras = [m.strip() for m in (extra_metrics or "").split(",") if m.strip()]
+    asked = Asked(Judging(margin, alpha, lower_is_better), with_stats, power)
+    if runs is not None:
+        given = dict(zip(STORE_OPTIONS, (experiment, study, fit, x, plots)))
+        needs_store = next((option for option, value in given.items() if value is not None), None)
+        if needs_store:
+            raise UserError(f"--runs rebuilds the table from its file; {needs_store} needs the MLflow store (valid: "
+                            "--runs without it, or --experiment/--study without --runs)")  # fmt: skip
+        return written(
+            from_file(runs, metric, extras, reduce_by, k, baseline, arm_names, seeds, asked).render(fmt), out
+        )
+    metric = metric or DEFAULT_METRIC
+    arms, base, known = selected(experiment, study, metric, extras, seeds, arm_names, baseline, with_failed=fit is None)
+    if fit == "entropy":
+        return written(entropy_fit.fit_report(arms, metric, known, plots), out)
+    _, client = connect()
+    spent = [m for m in ("perf/samples", compute_axis.AXES.get(x)) if m in known]  # absent from older runs
+    curves = histories(client, [r for a in arms for r in a.runs], [metric, *extras, *spent])
+    if fit == "sigmoid":
+        on_axis(arms, curves, [metric], x or "step")
+        points = {r.info.run_id: curves[r.info.run_id, metric] for a in arms for r in a.runs}
+        text = written(
+            scaling_report.sigmoid_report(arms, base, points, metric, x or "step", fit_from, plots, out), out
+        )
+        records = records_of(arms, curves, {}, metric, [], reduce_by, k)
+        data_and_plots(records, arms, curves, [metric], out, plots, x or "step")
+        return text
+    source = " · ".join(f"{k_} {v}" for k_, v in (("experiment", experiment), ("study", study)) if v)
+    tabled, records = on_store(arms, base, known, client, curves, metric, extras, reduce_by, k, x, source, asked)
+    text = written(tabled.render(fmt), out)
+    data_and_plots(records, arms, curves, [metric, *extras], out, plots, tabled.context.axis)
+    return text
+
+
+def study_report(study: str, folder: Path) -> tuple[str, list[Path]]:
+    """The table ``rlx sweep`` and ``rlx ablate`` print at their end: what ``rlx report --study NAME --stats`` gives
+    on the study's main metric (``MAIN_METRICS``: the first its runs logged), also written to ``folder`` as
+    ``table.md`` and ``table.csv`` with its per-run data (``table-runs.csv``, ``table-curves.csv``) -> (the
+    Markdown, the paths written)."""
+    logged = {m for r in load_runs(None, study) for m in r.data.metrics}
+    metric = next((m for m in MAIN_METRICS if m in logged), None)
+    if metric is None:
+        raise UserError(f"study '{study}' logged none of {', '.join(MAIN_METRICS)} (rlx report --study {study} "
+                        "--metric NAME tabulates another)")  # fmt: skip
+    arms, base, known = selected(None, study, metric, [], None, None, None, with_failed=True)
+    _, client = connect()
+    curves = histories(client, [r for a in arms for r in a.runs], [metric])
+    tabled, records = on_store(arms, base, known, client, curves, metric, [], "last", 1, None, f"study {study}",
+                               Asked(stats=True))  # fmt: skip
+    text, table = tabled.render("md"), folder / "table.md"
+    written(text, table)
+    written(tabled.render("csv"), folder / "table.csv")
+    return text, [table, folder / "table.csv", *per_run_data(records, curves, metric, [], table)]
+
+
+def check_options(reduce_by: str, fmt: str, k: int, fit: str | None, fit_from: float, x: str | None,
+                  power: float | None, margin: float, alpha: float) -> None:  # fmt: skip
     if reduce_by not in REDUCE:
         raise UserError(f"--reduce {reduce_by} is not valid (valid: {', '.join(REDUCE)})")
     if fmt not in FORMATS:
@@ -207,30 +156,58 @@ def report_command(
         compute_axis.check_axis(x)
     if power is not None and not power > 0:
         raise UserError(f"--power {power} is not valid (valid: the Δ to detect, > 0, in the metric's units, e.g. 0.02)")
-    extras = [m.strip() for m in (extra_metrics or "").split(",") if m.strip()]
+    if not margin > 0:
+        raise UserError(f"--margin {margin} is not valid (valid: > 0, in the metric's units, e.g. 0.02)")
+    if not 0 < alpha < 1:
+        raise UserError(f"--alpha {alpha} is not valid (valid: above 0 and below 1, e.g. 0.05)")
+
+
+def selected(experiment, study, metric: str, extras: list[str], seeds, arm_names, baseline, *, with_failed: bool):
+    """The arms of the FINISHED runs (and, ``with_failed``, the FAILED ones) of the experiment or study, ``--seeds``,
+    ``--arm`` and ``--baseline`` applied -> (arms, the baseline arm, the metrics the runs logged)."""
     runs = only_seeds(load_runs(experiment, study), seeds)
+    failed = seeds_of(load_failed(experiment, study), seeds) if with_failed else []
     known = sorted({m for r in runs for m in r.data.metrics})
     for name in [metric, *extras]:
         if name not in known:
             raise UserError(f"no metric '{name}' in these runs (valid: {', '.join(known)})")
-    found = group_arms(runs)
+    found = group_arms(runs, failed)
     named_base = None if baseline is None else pick_arm(found, baseline, "--baseline")
     arms = only_arms(found, arm_names, named_base)
-    if fit == "entropy":
-        return written(entropy_fit.fit_report(arms, metric, known, plots), out)
-    base = named_base or default_baseline(arms)
-    _, client = connect()
-    spent = [m for m in ("perf/samples", compute_axis.AXES.get(x)) if m in known]  # absent from older runs
-    curves = histories(client, [r for a in arms for r in a.runs], [metric, *extras, *spent])
-    if fit == "sigmoid":
-        on_axis(arms, curves, [metric], x or "step")
-        points = {r.info.run_id: curves[r.info.run_id, metric] for a in arms for r in a.runs}
-        text = written(
-            scaling_report.sigmoid_report(arms, base, points, metric, x or "step", fit_from, plots, out), out
-        )
-        data_and_plots(arms, curves, [metric], reduce_by, k, out, plots, x or "step")
-        return text
-    what = {"mean_last_k": f"mean of the last {k}", "mean_first_k": f"mean of the first {k}"}.get(reduce_by, reduce_by)
+    return arms, named_base or default_baseline(arms), known
+
+
+@dataclass
+class Tabled:
+    """A table's numbers (``report_table``) and what its caption, legend and notes say; ``power``: a planning one."""
+
+    frame: pd.DataFrame
+    context: report_format.Context
+    power: float | None = None
+
+    def render(self, fmt: str) -> str:
+        if self.power is not None:
+            return report_format.render_power(self.frame, self.context, self.power, fmt)
+        return report_format.render(self.frame, self.context, fmt)
+
+
+def tabulate(arms: list[Arm], base: Arm, records: dict, context: report_format.Context, asked: Asked) -> Tabled:
+    """The ablation table of ``records`` (or the planning one); a metric known to be better lower is judged so."""
+    judging = asked.judging
+    if known_lower_is_better(context.metric):
+        judging = replace(judging, lower_is_better=True)
+    context.judging = judging
+    labels = [(a.label, a.key) for a in arms]
+    if asked.power is not None:
+        return Tabled(power_table(labels, base.label, records, asked.power, judging.alpha), context, asked.power)
+    frame, context.notes = build_table(labels, base.label, records, context.extras, judging if asked.stats else None)
+    return Tabled(frame, context)
+
+
+def on_store(arms, base, known, client, curves, metric, extras, how, k, x, source, asked: Asked):
+    """The table of tracked ``arms`` whose ``curves`` (of ``metric`` and ``extras``) are fetched -> (Tabled, the
+    records per arm); the SE and health curves fetched here, over steps."""
+    what = {"mean_last_k": f"mean of the last {k}", "mean_first_k": f"mean of the first {k}"}.get(how, how)
     axis = Axis()
     if x is not None:
         axis = put_on_axis(arms, curves, metric, extras, x)
@@ -240,27 +217,66 @@ def report_command(
         reduce=what,
         baseline=base.label,
         common=common_overrides(arms),
-        source=" · ".join(f"{k_} {v}" for k_, v in (("experiment", experiment), ("study", study)) if v),
+        source=source,
         extras=[*extras, *axis.columns],
-        minimize=minimize,
         described=axis.columns,
         axis=x or "step",
         budget=axis.caption,
     )
-    if power is not None:
-        planning = power_table(arms, base, curves, metric, reduce_by, k, power)
-        text = report_format.render_power(planning, context, power, fmt)
-    else:
-        table = build_table(arms, base, curves, metric, context.extras, reduce_by, k, with_stats)
-        text = report_format.render(table, context, fmt)
-    written(text, out)
-    data_and_plots(arms, curves, [metric, *extras], reduce_by, k, out, plots, context.axis)
-    return text
+    every = [r for a in arms for r in [*a.runs, *a.failed]]
+    raw = histories(client, every, [m for m in (se_metric(metric), *health.METRICS) if m in known])
+    records = records_of(arms, curves, raw, metric, context.extras, how, k)
+    return tabulate(arms, base, records, context, asked), records
 
 
-def data_and_plots(arms, curves, metrics: list[str], how: str, k: int, out: Path | None, plots: Path | None, axis):
+def from_file(path: Path, metric: str | None, extras: list[str], how: str, k: int, baseline, arm_names, seeds,
+              asked: Asked) -> Tabled:  # fmt: skip
+    """``rlx report --runs FILE``: the table rebuilt from a ``*-runs.csv`` (its extras from the ``*-curves.csv``
+    beside it)."""
+    found, records = run_records.read(path, extras, how, k)
+    if metric is not None and metric != found:
+        raise UserError(f"--metric {metric}: {path} holds {found} (valid: --metric {found}, or no --metric)")
+    if seeds is not None:
+        wanted = {s.strip() for s in seeds.split(",") if s.strip()}
+        records = [r for r in records if r.seed in wanted]
+        if not records:
+            raise UserError(f"--seeds {seeds}: {path} has no run of these seeds")
+    arms = []
+    for label in dict.fromkeys(r.arm for r in records):  # the arms in the file's order, which the table's was
+        words = override_tokens(label.split(" #")[0])
+        ablate = next((w.split("=", 1)[1] for w in words if w.startswith("+ablate=")), "none")
+        arms.append(Arm(words[1:], words[0] if words else "?", ablate, label=label))
+    named_base = None if baseline is None else pick_arm(arms, baseline, "--baseline")
+    if arm_names:
+        chosen = {id(pick_arm(arms, name, "--arm")) for name in arm_names} | ({id(named_base)} if named_base else set())
+        arms = [a for a in arms if id(a) in chosen]
+    base = named_base or default_baseline(arms)
+    by_arm = {a.label: [r for r in records if r.arm == a.label] for a in arms}
+    context = report_format.Context(metric=found, reduce=f"{path.name}'s value", baseline=base.label, common="",
+                                    source=f"runs {path}", extras=extras)  # fmt: skip
+    return tabulate(arms, base, by_arm, context, asked)
+
+
+def records_of(arms: list[Arm], curves: dict, raw: dict, metric: str, extras: list[str], how: str, k: int):
+    """label -> a ``RunRecord`` per run of the arm (its FINISHED runs, then its FAILED ones). ``curves``: the table's
+    curves (on its axis), ``raw``: the step curves of the metric's SE and of ``health.METRICS``."""
+    out = {}
+    for arm in arms:
+        out[arm.label] = []
+        for run, status in [(r, "FINISHED") for r in arm.runs] + [(r, "FAILED") for r in arm.failed]:
+            run_id = run.info.run_id
+            value = reduced(curves.get((run_id, metric), []), how, k) if status == "FINISHED" else math.nan
+            record = RunRecord(arm.label, run.data.tags.get("rlx.seed", run_id), run_id, status, value)
+            record.se = reduced(raw.get((run_id, se_metric(metric)), []), how, k)
+            record.figures = health.figures({m: raw.get((run_id, m), []) for m in health.METRICS})
+            record.extras = {m: reduced(curves.get((run_id, m), []), how, k) for m in extras}
+            out[arm.label].append(record)
+    return out
+
+
+def data_and_plots(records: dict, arms, curves, metrics: list[str], out: Path | None, plots: Path | None, axis):
     """The per-run data beside ``out`` (``per_run_data``) and the curves of ``metrics`` in ``plots``, when given."""
-    written_paths = per_run_data(arms, curves, metrics[0], metrics[1:], how, k, out) if out is not None else []
+    written_paths = per_run_data(records, curves, metrics[0], metrics[1:], out) if out is not None else []
     if plots is not None:
         written_paths += report_format.plot_curves(arms, curves, metrics, plots, axis)
     for path in written_paths:
@@ -327,25 +343,21 @@ def on_axis(arms: list[Arm], curves: dict, names: list[str], x: str) -> str | No
     return spent
 
 
-def per_run_data(arms: list[Arm], curves: dict, metric: str, extras: list[str], how: str, k: int, out: Path):
-    """``<out stem>-runs.csv`` (arm, seed, run id, the metric's per-run value as in the table) and
-    ``<out stem>-curves.csv`` (arm, seed, run id, metric, x, value: every point the table and plots used) beside
-    ``out``, so that a report's statistics can be recomputed without the MLflow store -> their paths."""
-    runs, points = [], []
-    for arm in arms:
-        for run in arm.runs:
-            seed, run_id = run.data.tags.get("rlx.seed", ""), run.info.run_id
-            runs.append({"arm": arm.label, "seed": seed, "run_id": run_id,
-                         metric: reduce(curves[run_id, metric], how, k)})  # fmt: skip
-            points += [
-                {"arm": arm.label, "seed": seed, "run_id": run_id, "metric": name, "x": at, "value": value}
-                for name in [metric, *extras]
-                for at, value in curves[run_id, name]
-            ]
-    paths = out.with_name(f"{out.stem}-runs.csv"), out.with_name(f"{out.stem}-curves.csv")
-    for path, rows in zip(paths, (runs, points)):
-        pd.DataFrame(rows).to_csv(path, index=False)
-    return list(paths)
+def per_run_data(records: dict[str, list[RunRecord]], curves: dict, metric: str, extras: list[str], out: Path):
+    """``<out stem>-runs.csv`` (``run_records``: a record per run) and ``<out stem>-curves.csv`` (arm, seed, run id,
+    metric, x, value: every point the table and plots used) beside ``out``, so that a report's statistics can be
+    recomputed without the MLflow store (``rlx report --runs``) -> their paths."""
+    listed = [r for runs in records.values() for r in runs]
+    points = [
+        {"arm": r.arm, "seed": r.seed, "run_id": r.run_id, "metric": name, "x": at, "value": value}
+        for r in listed
+        for name in [metric, *extras]
+        for at, value in curves.get((r.run_id, name), [])
+    ]
+    runs_path, curves_path = out.with_name(f"{out.stem}-runs.csv"), out.with_name(f"{out.stem}-curves.csv")
+    run_records.write(listed, metric, runs_path)
+    pd.DataFrame(points, columns=["arm", "seed", "run_id", "metric", "x", "value"]).to_csv(curves_path, index=False)
+    return [runs_path, curves_path]
 
 
 def written(text: str, out: Path | None) -> str:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from rlx_cli.studies.report_table import Judging
+
 DASH = "–"
 
 
@@ -21,10 +23,11 @@ class Context:
     common: str  # overrides shared by every arm
     source: str  # "experiment X · study Y"
     extras: list[str]
-    minimize: bool = False
+    judging: Judging = field(default_factory=Judging)  # the verdicts' margin, level and direction
     described: dict[str, str] = field(default_factory=dict)  # legend of an extra column that is not a reduced metric
     axis: str = "step"  # the x of the curves: step | samples | tokens | wall (compute_axis.py)
     budget: str = ""  # on another axis than step: where every run's curve was cut, in words
+    notes: list[str] = field(default_factory=list)  # under the table: the flagged arms, the evaluation's noise
 
 
 def num(x: float, scale: float | None = None) -> str:
@@ -69,7 +72,9 @@ TESTS = (
 
 
 def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
-    """The ablation table: one row per arm, the baseline first; with ``--stats`` each arm's test against it."""
+    """The ablation table: one row per arm, the baseline first; with ``--stats`` each arm's test and verdict against
+    it; the evaluation's SE and the health flags where the runs say."""
+    alpha, margin, scale = ctx.judging.alpha, ctx.judging.margin, table["mean"].abs().max()
     headers = ["arm", ctx.metric, "n", "Δ"]
     legend = [
         ("arm", "the algorithm, its ablation and the overrides that differ between arms"),
@@ -78,24 +83,35 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
         ("Δ", f"the arm's mean - the baseline's ({ctx.baseline})"),
     ]
     has_stats = "p_value" in table.columns
+    level = f"{100 * (1 - alpha):g}%"
     if has_stats:
         compared = int(table["p_holm"].notna().sum())
-        headers += ["test", "p", "p (Holm)", "95% CI of Δ", "MDE (80%)"]
+        headers += ["test", "p", "p (Holm)", f"{level} CI of Δ", "MDE (80%)", "verdict"]
         legend += [
             ("test", TESTS),
             ("p", "two-sided p-value of that test for Δ = 0"),
             ("p (Holm)", f"p adjusted for comparing {compared} arm{'s' * (compared != 1)} with the baseline at once "
-                         "(Holm's step-down); the arms below 0.05 differ from the baseline at a family-wise error "
-                         "rate of 5%"),
-            ("95% CI of Δ", "that test's 95% t interval of Δ"),
-            ("MDE (80%)", "minimum detectable effect: the |Δ| that test finds with 80% power at α = 0.05 for the "
+                         f"(Holm's step-down); the arms below {alpha:g} differ from the baseline at a family-wise "
+                         f"error rate of {100 * alpha:g}%"),
+            (f"{level} CI of Δ", f"that test's {level} t interval of Δ"),
+            ("MDE (80%)", f"minimum detectable effect: the |Δ| that test finds with 80% power at α = {alpha:g} for the "
                           "arm's n and the spread seen; a smaller true Δ likely goes unnoticed (rlx report --power Δ "
                           "says how many seeds it needs)"),
+            ("verdict", verdict_legend(ctx.judging, scale)),
         ]  # fmt: skip
+    if "eval_se" in table.columns:
+        headers.append("eval SE")
+        legend.append(("eval SE", f"the evaluation's own standard error of {ctx.metric} (over its prompts; with "
+                                  "several answers a prompt, clustered by prompt), mean over the arm's runs: the "
+                                  "noise a run's figure carries from the finite evaluation alone"))  # fmt: skip
+    if "health" in table.columns:
+        headers.append("health")
+        legend.append(("health", "ok, or the flags the arm's runs raise (collapsed, diverged, entropy-collapse, "
+                                 "drift: docs/studies-and-reports.md, Reading a verdict); the flagged arms are listed "
+                                 "under the table with their figures"))  # fmt: skip
     headers += ctx.extras
     legend += [(m, ctx.described.get(m, f"{ctx.reduce} per run, mean ± sample std over seeds")) for m in ctx.extras]
     rows = []
-    scale = table["mean"].abs().max()
     extra_scales = {m: table[f"{m} mean"].abs().max() for m in ctx.extras}
     for i, row in table.iterrows():
         delta = "baseline" if i == 0 else signed(row["delta"], scale)
@@ -105,21 +121,51 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
             interval = DASH if math.isnan(row["ci_low"]) else f"[{low}, {high}]"
             test = row["test"] or (DASH if i else "")
             line += [test, p_value(row["p_value"]), p_value(row["p_holm"]), interval, num(row["detectable"], scale)]
+            line.append(verdict_cell(row["verdict"], row["seeds_needed"], row["test"]))
+        if "eval_se" in table.columns:
+            line.append(num(row["eval_se"], scale))
+        if "health" in table.columns:
+            line.append(row["health"])
         line += [mean_std(row[f"{m} mean"], row[f"{m} std"], extra_scales[m]) for m in ctx.extras]
         rows.append(line)
     means = table["mean"].dropna()
-    best = [] if means.empty else list(table.index[table["mean"] == (means.min() if ctx.minimize else means.max())])
+    lower = ctx.judging.lower_is_better
+    best = [] if means.empty else list(table.index[table["mean"] == (means.min() if lower else means.max())])
+    judged = (
+        f"; verdicts at α = {alpha:g} against a margin δ = {num(margin, scale)} in {ctx.metric}'s units, "
+        f"{'lower' if lower else 'higher'} is better"
+        if has_stats
+        else ""
+    )
     caption = (
         f"{ctx.metric} ({ctx.reduce} per run): mean ± std over seeds, {len(rows)} arms, Δ vs {ctx.baseline}, "
-        "best in bold" + (f"; {ctx.budget}" if ctx.budget else "")
+        "best in bold" + judged + (f"; {ctx.budget}" if ctx.budget else "")
     )
-    return Layout(caption, headers, rows, best, footer(ctx), legend)
+    return Layout(caption, headers, rows, best, footer(ctx) + ctx.notes, legend)
+
+
+def verdict_legend(judging: Judging, scale: float) -> str:
+    alpha, margin = judging.alpha, num(judging.margin, scale)
+    better = "lower" if judging.lower_is_better else "higher"
+    return (
+        f"better / worse: the Holm-adjusted p below α = {alpha:g} ({better} is better); equivalent: both one-sided "
+        f"tests of TOST against ±{margin} pass at α after Holm, so |Δ| < {margin}; inconclusive: neither, which is "
+        'not "no effect": in brackets the seeds per arm that would decide it at 80% power (a t-test finding '
+        f"max(|Δ|, {margin})); a health flag sits beside the verdict, it does not change it"
+    )
+
+
+def verdict_cell(label: str, needed, test: str) -> str:
+    if label != "inconclusive" or not test:
+        return label or ""
+    return f"inconclusive ({seeds(None if pd.isna(needed) else int(needed), test)} seeds)"
 
 
 def planning(table: pd.DataFrame, ctx: Context, delta: float) -> Layout:
     """``--power Δ``: per arm the pilot's test and spread, its detectable effect and the seeds Δ needs."""
     scale = max(abs(delta), table["detectable"].abs().max() if len(table) else 0)
     target = num(delta, scale)
+    alpha = ctx.judging.alpha
     headers = ["arm", "n", "test", "σ of a one-seed Δ", "MDE (80%) now", f"seeds for Δ = {target}"]
     rows = [
         [row["arm"], str(row["n"]), row["test"] or DASH, num(row["sigma"], scale), num(row["detectable"], scale),
@@ -132,9 +178,9 @@ def planning(table: pd.DataFrame, ctx: Context, delta: float) -> Layout:
         ("test", TESTS),
         ("σ of a one-seed Δ", "the standard deviation of the per-seed differences (paired) or "
                               "sqrt(s_arm² + s_baseline²) (Welch): the noise a seed adds to Δ"),
-        ("MDE (80%) now", "the |Δ| the pilot's n finds with 80% power at α = 0.05"),
+        ("MDE (80%) now", f"the |Δ| the pilot's n finds with 80% power at α = {alpha:g}"),
         (f"seeds for Δ = {target}", f"the fewest seeds per arm with which that test finds |Δ| = {target} with 80% "
-                                    "power at α = 0.05 (two-sided), if the spread stays what the pilot saw"),
+                                    f"power at α = {alpha:g} (two-sided), if the spread stays what the pilot saw"),
     ]  # fmt: skip
     needed = [int(n) for n in table["seeds_needed"].dropna()] if len(table) else []
     notes = footer(ctx)

@@ -54,6 +54,21 @@ def load_runs(experiment: str | None, study: str | None) -> list:
     return runs
 
 
+def load_failed(experiment: str | None, study: str | None) -> list:
+    """The FAILED ``rlx train`` runs of the experiment and/or study (``load_runs`` checked the names)."""
+    mlflow, client = connect()
+    ids = None if experiment is None else [client.get_experiment_by_name(experiment).experiment_id]
+    filters = ["attributes.status = 'FAILED'"] + ([f"tags.`rlx.study` = '{study}'"] if study is not None else [])
+    runs = mlflow.search_runs(ids, " and ".join(filters), search_all_experiments=ids is None, output_format="list")
+    return [r for r in runs if r.data.tags.get("rlx.role") != STUDY_ROLE and "rlx.overrides" in r.data.tags]
+
+
+def seeds_of(runs: list, seeds: str | None) -> list:
+    """The runs of ``--seeds`` (all without it), with no error when none is left."""
+    wanted = None if seeds is None else {s.strip() for s in seeds.split(",")}
+    return [r for r in runs if wanted is None or r.data.tags.get("rlx.seed") in wanted]
+
+
 def only_seeds(runs: list, seeds: str | None) -> list:
     """``--seeds 0,1,2``: the runs of those seeds (so that arms run with more seeds compare on the same ones)."""
     if seeds is None:

@@ -10,6 +10,8 @@
 6. run each point as ``python -m rlx_cli train ...`` through a launcher, ``--jobs`` at a time; every run
    is a child of the study's parent run (``RLX_PARENT_RUN_ID``) tagged ``rlx.study`` (``RLX_STUDY``)
 7. a point that failed before its run existed, or was killed hard, is still recorded FAILED; then a summary
+8. the study's table with verdicts (``report.study_report``: ``rlx report --study NAME --stats`` on its main metric),
+   printed and written beside the study as ``table.md`` and ``table.csv``; ``--no-report`` skips it
 """
 
 from __future__ import annotations
@@ -128,8 +130,10 @@ def execute(
     rerun: bool,
     command: str,
     title: str = "rlx sweep",
+    report: bool = True,
 ) -> int:
-    """Run the planned points; returns the exit code (0: none failed, 1: some failed)."""
+    """Run the planned points, then (``report``) print the study's table; returns the exit code (0: none failed, 1:
+    some failed)."""
     if not STUDY_NAME.match(study):
         raise UserError(f"--study '{study}' is not a valid name (valid: letters, digits, '_', '-', '.')")
     experiment = points[0].experiment if points[0].tracked else None
@@ -172,9 +176,23 @@ def execute(
     minutes = (time.perf_counter() - started) / 60
     print(
         f"{title}: {counts['finished']} finished, {counts['failed']} failed, {counts['skipped']} skipped "
-        f"in {minutes:.1f} min" + (f"; table: rlx report --study {study}" if store else "")
+        f"in {minutes:.1f} min" + (f"; table: rlx report --study {study} --stats" if store else "")
     )
+    if store and report:
+        print_table(study, home, title)
     return 1 if counts["failed"] else 0
+
+
+def print_table(study: str, folder: Path, title: str) -> None:
+    """The study's table with verdicts, written to ``folder``; why there is none when the runs cannot give one."""
+    from rlx_cli.studies.report import study_report
+
+    try:
+        text, paths = study_report(study, folder)
+    except UserError as error:
+        print(f"{title}: no table: {error}", flush=True)
+        return
+    print(f"\n{text}\n" + "".join(f"wrote {path}\n" for path in paths), end="", flush=True)
 
 
 def pending(points: list[Point], folders: dict[int, Path], store: Study | None, rerun: bool, say) -> list[Point]:
@@ -242,7 +260,7 @@ def digest(args: list[str]) -> str:
 
 
 def sweep_command(args: list[str], *, jobs: int = 1, launcher: str = "local", study: str | None = None,
-                  dry_run: bool = False, rerun: bool = False) -> int:  # fmt: skip
+                  dry_run: bool = False, rerun: bool = False, report: bool = True) -> int:  # fmt: skip
     """``rlx sweep``: the default study name is ``<algo>-sweep-<hash of the arguments>``, stable across re-runs."""
     if jobs < 1:
         raise UserError(f"--jobs {jobs} is not valid (valid: 1 or more)")
@@ -250,7 +268,8 @@ def sweep_command(args: list[str], *, jobs: int = 1, launcher: str = "local", st
     points = plan(expand(args))
     study = study or f"{points[0].algo}-sweep-{digest(args)}"
     command = " ".join(["rlx sweep", *args])
-    return execute(points, study, jobs=jobs, launcher=launcher, dry_run=dry_run, rerun=rerun, command=command)
+    return execute(points, study, jobs=jobs, launcher=launcher, dry_run=dry_run, rerun=rerun, command=command,
+                   report=report)  # fmt: skip
 
 
 def applicable_overlays(base: list[str]) -> list[str]:
@@ -283,8 +302,8 @@ def ablate_points(args: list[str], seeds: int) -> list[list[str]]:
     return points
 
 
-def ablate_command(args: list[str], *, seeds: int = 3, jobs: int = 1, launcher: str = "local",
-                   study: str | None = None, dry_run: bool = False, rerun: bool = False) -> int:  # fmt: skip
+def ablate_command(args: list[str], *, seeds: int = 3, jobs: int = 1, launcher: str = "local", study: str | None = None,
+                   dry_run: bool = False, rerun: bool = False, report: bool = True) -> int:  # fmt: skip
     """``rlx ablate``: study and experiment default to ``<algo>-ablation``."""
     if jobs < 1:
         raise UserError(f"--jobs {jobs} is not valid (valid: 1 or more)")
@@ -304,4 +323,5 @@ def ablate_command(args: list[str], *, seeds: int = 3, jobs: int = 1, launcher: 
         rerun=rerun,
         command=command,
         title="rlx ablate",
+        report=report,
     )
