@@ -205,3 +205,16 @@ def test_an_architecture_it_does_not_compute_is_refused_with_the_way_out():
     windowed = Qwen2Config(vocab_size=20, **arch, use_sliding_window=True, sliding_window=8, max_window_layers=0)
     with pytest.raises(UserError, match="qwen2 with sliding-window attention"):
         check_architecture(Qwen2ForCausalLM(windowed))
+
+
+def test_a_rows_sampled_answer_does_not_depend_on_when_the_other_rows_stop(base_dir):
+    """Common random numbers: a prompt's answer is the same whatever the rows before it (and so whenever they stop),
+    from the same generator state; with draws over the live rows only, a row that stops early shifts the others'."""
+    model, sampler = default_model(base_dir), FastSampler(TOKENIZER)
+    answers = []
+    for first in ("3,4:", "5,1,2,3,4:", "2,2,9:", "8,0,9,9,9,9:"):
+        torch.manual_seed(11)
+        answers.append(sampler.generate(model, [first, "7,8,9,9,5,6:"], temperature=1.0, max_new_tokens=40))
+    stops = [int(a.response_mask[0].sum()) for a in answers]
+    assert len(set(stops)) == 4 and max(stops) < int(answers[0].response_mask[1].sum())  # the first stops first
+    assert len({a.texts[1] for a in answers}) == 1

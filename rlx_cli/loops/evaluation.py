@@ -40,8 +40,10 @@ def evaluate(cfg, parts: Parts) -> dict[str, float]:
 
     Common random numbers: the prompts are cut into blocks of ``EVAL_BLOCK``, each sampled in one batch from a stream
     of its own (``distributed.seed_evaluation``: the seed and the block), so every evaluation of every run with this
-    seed, whatever its arm and its number of processes, draws the same numbers for the same prompts, and a prompt
-    whose answers change (another length, another token) moves the draws of its own block only. N processes: each
+    seed, whatever its arm and its number of processes, draws the same numbers for the same prompts. Within a block
+    ``rollout=fast`` gives each row its own draws (``fast_rollout.pick``), so a prompt whose neighbours' answers
+    change (another length, another token) keeps its own; ``rollout=hf`` keeps every row in the batch to the end,
+    with the same effect while the rows' answers stop alike, and otherwise within its block only. N processes: each
     evaluates its share of the blocks; the sums are totalled.
     """
     task, n, ks = parts.task, cfg.eval.samples, list(cfg.eval.pass_k)

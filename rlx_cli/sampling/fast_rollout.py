@@ -261,7 +261,7 @@ def decode(
     going = torch.ones(top, dtype=torch.bool, device=ids.device)  # which stepped rows have not stopped
     drawn = []  # each step's (rows, their tokens, their log-probs, going): written into the answers at the end
     for t in range(max_new_tokens):
-        tokens, token_logp = pick(logits, sampling)
+        tokens, token_logp = pick(logits, sampling, live, top)
         drawn.append((live, tokens, token_logp, going))
         going = going & (tokens != eos)
         still = int(going.sum())
@@ -350,16 +350,21 @@ def widened(layers: list[Tensor], run: Tensor, width: int) -> Tensor:
     return out
 
 
-def pick(logits: Tensor, sampling: Sampling) -> tuple[Tensor, Tensor]:
+def pick(logits: Tensor, sampling: Sampling, rows: Tensor | None = None, top: int = 0) -> tuple[Tensor, Tensor]:
     """Next tokens [b] from ``logits`` [b, V] float32 and their log-probs [b] under the distribution drawn from
     (greedy: argmax, log-prob 0). A draw is an exponential race, argmax p / E with E ~ Exp(1), in which token k wins
     with probability p_k: ``torch.multinomial``'s own algorithm for one sample (the same tokens from the same
-    generator state), without its checks of the probabilities, which cost more than the draw."""
+    generator state, while every row is live), without its checks of the probabilities, which cost more than the draw.
+
+    ``rows`` [b]: the chunk row of each logits row, of ``top``: the noise is drawn for all ``top`` rows and each row
+    takes its own, so that a row's answer does not depend on when the others stopped (the same draws for a prompt in
+    two arms of a study: common random numbers)."""
     if sampling.temperature == 0:
         return logits.argmax(-1), logits.new_zeros(logits.shape[0])
     scores = logits if sampling.temperature == 1 else logits / sampling.temperature  # x / 1 is x: one op fewer
     logp = truncated(scores, sampling.top_k, sampling.top_p).log_softmax(-1)
-    tokens = (logp.exp() / torch.empty_like(logp).exponential_()).argmax(-1)
+    noise = logp.new_empty(max(top, len(logp)), logp.shape[1]).exponential_()
+    tokens = (logp.exp() / (noise[: len(logp)] if rows is None else noise[rows])).argmax(-1)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
 
 
