@@ -43,7 +43,7 @@ def evaluate(cfg, parts: Parts) -> dict[str, float]:
     seed, whatever its arm and its number of processes, draws the same numbers for the same prompts. Within a block
     ``rollout=fast`` gives each row its own draws (``fast_rollout.pick``), so a prompt whose neighbours' answers
     change (another length, another token) keeps its own; ``rollout=hf`` keeps every row in the batch to the end,
-    with the same effect while the rows' answers stop alike, and otherwise within its block only. N processes: each
+    drawing for all of them at every step, to the same effect. N processes: each
     evaluates its share of the blocks; the sums are totalled.
     """
     task, n, ks = parts.task, cfg.eval.samples, list(cfg.eval.pass_k)
