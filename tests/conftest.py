@@ -41,6 +41,19 @@ def rlx(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None) ->
     )
 
 
+def rlx_together(*commands: list[str], cwd: Path, timeout: float = 600) -> list[subprocess.CompletedProcess]:
+    """Each of ``commands`` as ``rlx ARGS``, all at once (independent runs of one test: on two cores with one thread
+    each they take the time of one), in ``cwd``; their results in order; never raises on a non-zero exit."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "rlx_cli", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )  # fmt: skip
+        for args in commands
+    ]
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
 def save_tiny_llama(path: Path, *, layers: int, heads: int, head_dim: int, tie: bool = False) -> Path:
     """A random tiny Llama (hidden 32) with the character tokenizer, saved at ``path`` like a user's checkpoint."""
     import torch

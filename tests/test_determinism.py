@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import SHORT, mlflow_runs, rlx
+from conftest import SHORT, mlflow_runs, rlx_together
 from safetensors.torch import load_file
 
 # one torch thread: on a small shared machine more threads mostly wait for each other
@@ -24,8 +24,8 @@ def history(run_id: str) -> dict[str, list[tuple[int, float]]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("rollout", ["hf", "fast"])  # transformers' generate, rlx's own decode loop
 def test_same_seed_same_metrics(workdir, rollout):
-    for name in ("a", "b"):
-        out = rlx("train", *RUN, f"rollout={rollout}", "seed=3", f"trainer.output_dir={name}", cwd=workdir)
+    commands = [["train", *RUN, f"rollout={rollout}", "seed=3", f"trainer.output_dir={name}"] for name in "ab"]
+    for out in rlx_together(*commands, cwd=workdir):
         assert out.returncode == 0, out.stderr
     metrics = [json.loads((workdir / name / "metrics.json").read_text()) for name in ("a", "b")]
     a, b = ({k: v for k, v in m.items() if not k.startswith("perf/")} for m in metrics)
@@ -44,9 +44,9 @@ def test_arms_with_one_seed_draw_the_same_step_0_evaluation(workdir):
     """GRPO and VAPO (a critic built and pretrained first: random numbers drawn before step 0) from the same base and
     seed: their step-0 sampled evaluations are the same answers, so a study's arms start from one shared figure."""
     args = [*RUN, "trainer.steps=1", "eval.samples=4", "tracking.experiment=crn"]
-    for algo in ("grpo", "vapo"):
-        extra = ["value_pretrain.steps=2"] if algo == "vapo" else []
-        out = rlx("train", *args, f"algo={algo}", *extra, f"trainer.output_dir={algo}", cwd=workdir)
+    commands = [["train", *args, "algo=grpo", "trainer.output_dir=grpo"],
+                ["train", *args, "algo=vapo", "value_pretrain.steps=2", "trainer.output_dir=vapo"]]  # fmt: skip
+    for out in rlx_together(*commands, cwd=workdir):
         assert out.returncode == 0, out.stderr[-2000:]
     from mlflow.tracking import MlflowClient
 

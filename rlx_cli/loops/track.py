@@ -30,6 +30,22 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_URI)
 
 
+@contextmanager
+def store_lock(uri: str):
+    """For a SQLite store, an exclusive lock on ``<file>.lock`` inside: runs started at once on a fresh store would
+    otherwise each create or migrate its tables, and all but one fail; other stores: nothing."""
+    import fcntl
+
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    path = Path(uri.removeprefix("sqlite:///"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def git_sha() -> str:
     try:
         out = subprocess.run(
@@ -77,7 +93,7 @@ class MlflowTracker:
         """Open the store and the experiment; an unusable URI is the user's error, reported within seconds."""
         self.mlflow.set_tracking_uri(tracking_uri())
         try:
-            with fail_fast_http():
+            with fail_fast_http(), store_lock(tracking_uri()):
                 self.mlflow.set_experiment(self.experiment)
         except Exception as error:  # noqa: BLE001 - any store failure comes from the user's URI
             raise UserError(
