@@ -6,7 +6,7 @@ Per run: the base's step-0 and the final greedy and sampled accuracy, their stan
 (√(p(1 − p)/n): one answer a prompt), the clipped share of tokens at mid-run (clip_frac_high + clip_frac_low, mean
 over steps 8–12) and `train/rollout_kl` (mean over the run). Per cell (lr × updates per rollout × lag): the means
 over seeds, the sampled gain's verdict (final against step 0, paired by seed, `rlx_cli.studies.stats.verdict`) and
-the rule's three tests. Writes pilot-runs.csv, pilot-grid.csv, pilot-grid.md and pilot-heatmap.png to --out.
+the rule's three tests. Writes pilot-per-run.csv, pilot-grid.csv, pilot-grid.md and pilot-heatmap.png to --out.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def main() -> None:
     per_run["sampled_final_se"] = per_run.sampled_final.map(se)
     grid = cells(per_run)
     args.out.mkdir(parents=True, exist_ok=True)
-    per_run.to_csv(args.out / "pilot-runs.csv", index=False)
+    per_run.to_csv(args.out / "pilot-per-run.csv", index=False)
     grid.to_csv(args.out / "pilot-grid.csv", index=False)
     (args.out / "pilot-grid.md").write_text(markdown(grid))
     heatmap(grid, args.out / "pilot-heatmap.png")
