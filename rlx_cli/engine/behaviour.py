@@ -5,6 +5,7 @@ asynchronous trainer's stale samples; ``rollout.dtype=bf16`` samples from a bflo
 inference engine's precision gap. Either way a copy of the policy samples: before each step it takes the weights of
 the version the lag asks for, from the last k + 1 versions of the trainable parameters it keeps (the frozen ones
 never change). Those versions are part of a checkpoint, so a resumed run samples exactly as an uninterrupted one.
+With ``rollout.overlap`` the copy takes the next step's version a step early (``load(ahead=1)``), in shared memory.
 """
 
 from __future__ import annotations
@@ -29,11 +30,21 @@ class Behaviour:
     def refresh(self, policy: nn.Module) -> nn.Module:
         """Keep the policy's current trainable weights as the newest version, load the one ``lag`` versions older
         (or the oldest kept) into the copy -> the copy, ready to sample."""
+        self.keep(policy)
+        return self.load()
+
+    def keep(self, policy: nn.Module) -> None:
+        """Keep the policy's current trainable weights as the newest version (the last ``lag`` + 1 are kept)."""
         self.versions.append({name: p.detach().clone() for name, p in trainable(policy).items()})
         del self.versions[: -(self.lag + 1)]
+
+    def load(self, ahead: int = 0) -> nn.Module:
+        """Load into the copy the version that step s + ``ahead`` samples with, s the step whose start ``keep`` took
+        the newest version at (1 <= ``ahead`` <= ``lag``: a step sampled early, ``rollout.overlap``) -> the copy."""
+        index = ahead if len(self.versions) == self.lag + 1 else 0  # early steps sample with the initial policy
         params = dict(self.model.named_parameters())
         with torch.no_grad():
-            for name, weight in self.versions[0].items():
+            for name, weight in self.versions[index].items():
                 params[name].copy_(weight)
         return self.model
 

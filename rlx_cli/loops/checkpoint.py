@@ -6,7 +6,8 @@
 - ``critic.safetensors``: the critic's own parameters (with LoRA only the value head; its adapter is the policy's);
 - ``behaviour.safetensors``: with ``rollout.lag`` / ``rollout.dtype``, the policy versions the sampling copy keeps;
 - ``state.safetensors`` + ``state.json``: the optimizer and LR-schedule states, the reward-shaping statistics,
-  the RNG state, the step, the latest metrics and the MLflow run id; tensors in safetensors, the rest JSON.
+  the RNG state, the step, the latest metrics, the MLflow run id and the groups carried to the next step
+  (``rollout.carry_surplus``: their answers, scores and origins); tensors in safetensors, the rest JSON.
 
 No pickle anywhere. A checkpoint is written under ``checkpoints/.tmp-*`` and then renamed, so every
 ``step-*`` directory is complete; the newest ``trainer.keep_ckpts`` are kept. The training prompts are a
@@ -30,6 +31,7 @@ from rlx_cli.config.errors import UserError
 from rlx_cli.engine import distributed
 from rlx_cli.engine.behaviour import trainable
 from rlx_cli.engine.sharding import full_optimizer_state, full_tensors, load_optimizer_state, load_tensors
+from rlx_cli.loops.groups import Groups
 
 if TYPE_CHECKING:
     from rlx_cli.loops.build import Parts
@@ -49,6 +51,7 @@ class TrainState:
     run_id: str | None = None  # the MLflow run this training logs into
     reward_errors: int = 0  # the task's verifier errors and time-outs so far, all processes: carried over a resume
     compute: dict[str, float] = field(default_factory=dict)  # samples, tokens, train_tokens, wall_s (loops/compute.py)
+    carried: Groups = field(default_factory=Groups)  # informative groups waiting for the next step (carry_surplus)
 
 
 def save(output_dir: str | Path, parts: Parts, state: TrainState, keep: int) -> Path:
@@ -158,7 +161,8 @@ def load(path: Path, parts: Parts) -> TrainState:
         if parts.critic_optimizer is not None:
             load_optimizer_state(parts.critic_optimizer, critic_optimizer)
         set_rng_states(state.pop("rng"))
-        restored = TrainState(**state)
+        carried = state.pop("carried", None)
+        restored = TrainState(**state, carried=Groups.restored(carried))
         if distributed.is_main():  # the count of all processes goes on in one; the metric sums them
             parts.task.reward_errors = restored.reward_errors
         return restored

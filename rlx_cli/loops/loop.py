@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -16,9 +17,11 @@ from rlx_cli.engine.batch import Rollout
 from rlx_cli.loops import checkpoint
 from rlx_cli.loops.build import Parts
 from rlx_cli.loops.checkpoint import TrainState
-from rlx_cli.loops.compute import SAMPLED, SAMPLED_TOKENS, Clock, count_sampled, count_trained
-from rlx_cli.loops.evaluation import answers, evaluate
+from rlx_cli.loops.compute import Clock, count_sampled, count_trained
+from rlx_cli.loops.evaluation import evaluate
+from rlx_cli.loops.groups import sample_groups
 from rlx_cli.loops.guard import count_update
+from rlx_cli.loops.overlap import Ahead
 from rlx_cli.loops.signals import StopRequests
 from rlx_cli.loops.update import update_step, value_update
 from rlx_cli.sampling import credit
@@ -39,6 +42,7 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
 
     with engine.sampling():  # an engine of its own (vLLM) starts from the policy's weights, a resumed run's too
         parts.sampler.sync(policy)
+    ahead = Ahead(cfg, parts) if rollout_cfg.overlap else None  # the sampler process starts while step 0 evaluates
     if state.step == 0:
         vp = cfg.value_pretrain
         if critic is not None and cfg.critic.init == "reward_model":
@@ -50,13 +54,17 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
         tracker.log_metrics(last, step=0)
         progress.note(f"step 0: {summary(last)}")
 
-    with progress.task("RL", total=trainer.steps - state.step) as advance:
+    with progress.task("RL", total=trainer.steps - state.step) as advance, ahead or nullcontext():
         for step in range(state.step + 1, trainer.steps + 1):
             started = time.perf_counter()
             # 1–2. sample prompts_per_step prompts x group_size responses and score them
-            #      (N processes: each its share of the prompts, gathered into the whole batch; `own` its rows)
-            behaviour = parts.behaviour.refresh(policy) if parts.behaviour else policy  # rollout.lag, rollout.dtype
-            sampled = sample_groups(cfg, parts, step, behaviour)
+            #      (N processes: each its share of the prompts, gathered into the whole batch; `own` its rows);
+            #      rollout.overlap: sampled in the sampler process while the last step updated (loops/overlap.py)
+            if ahead is None:
+                behaviour = parts.behaviour.refresh(policy) if parts.behaviour else policy  # rollout.lag, .dtype
+                sampled = sample_groups(cfg, parts, step, behaviour, carried(cfg, state))
+            else:
+                sampled = ahead.take(step, policy, state)
             batch, scores, group_index, sampling, own = distributed.gather_samples(
                 *sampled, models.tokenizer.pad_token_id
             )
@@ -70,10 +78,13 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
 
             # 3. old and reference log-probs, values, over micro-batches of this process's rows. One update on the
             #    whole batch sees the policy that sampled it: its own log-probs, detached, are the old ones (as TRL
-            #    does), and a forward is saved. KL outside the objective: the reference forward only every
-            #    kl.measure_every steps, for train/kl.
-            temperature = rollout_cfg.temperature
-            old_logp = None if reuses_update_logp(cfg, kl) else engine.logp(own, temperature)
+            #    does), and a forward is saved; trainer.old_logp=sampler: the sampler's own, no forward (verl's
+            #    bypass mode). KL outside the objective: the reference forward only every kl.measure_every steps.
+            temperature, bypass = rollout_cfg.temperature, trainer.old_logp == "sampler"
+            if bypass:
+                old_logp = own.sampler_logp
+            else:
+                old_logp = None if reuses_update_logp(cfg, kl) else engine.logp(own, temperature)
             ref_logp = engine.logp(own, temperature, reference=True) if measures_kl(kl, step, trainer.steps) else None
             values = engine.values(own) if critic is not None else None
             old_logp, ref_logp, values = (distributed.gather(x) for x in (old_logp, ref_logp, values))
@@ -119,7 +130,8 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             )
             if old_logp is None:  # the update's own forward measured them
                 old_logp = distributed.sum_rows(seen_logp)
-            update.update(logp_metrics(old_logp, ref_logp, batch.sampler_logp, learned.response_mask))
+            sampler_logp = None if bypass else batch.sampler_logp  # bypass: the old log-probs are the sampler's
+            update.update(logp_metrics(old_logp, ref_logp, sampler_logp, learned.response_mask))
             parts.policy_schedule.step()
             updated = synchronized(models.device)
             with engine.sampling():
@@ -232,70 +244,15 @@ def cut_short(batch: Rollout, eos_id: int, max_new_tokens: int) -> torch.Tensor:
     return (lengths >= max_new_tokens) & (last != eos_id)
 
 
+def carried(cfg, state: TrainState):
+    """Where a step's surplus of informative groups waits for the next (``rollout.carry_surplus``); None: dropped."""
+    return state.carried if cfg.rollout.carry_surplus else None
+
+
 def reuses_update_logp(cfg, kl) -> bool:
     """One update on the whole batch (1 epoch, 1 minibatch) and no KL in the reward: the policy that sampled the
     batch is the one the update sees, so its log-probs there, detached, are the old ones; no separate forward."""
     return cfg.trainer.epochs == 1 and cfg.trainer.minibatches == 1 and not kl_in_reward(kl)
-
-
-def sample_groups(cfg, parts: Parts, step: int, model=None):
-    """Sample and score ``prompts_per_step`` groups of ``group_size`` -> (batch, scores [B], group_index [B], metrics).
-
-    ``model`` samples (the behaviour policy: ``engine/behaviour.py``); None: the policy.
-
-    With N processes, this process's block of the step's prompts (``distributed.gather_samples`` joins them).
-
-    With ``rollout.dynamic_sampling`` (DAPO, arXiv 2503.14476) groups whose scores are all equal carry no
-    signal for a group baseline: they are dropped and more prompts are drawn, up to ``rollout.max_draws`` batches.
-    """
-    rollout, task = cfg.rollout, parts.task
-    size = rollout.group_size
-    distributed.seed_sampling(cfg.seed, step)
-    wanted = len(distributed.shard(range(rollout.prompts_per_step)))  # N processes: each its block of the prompts
-    kept_batches, kept_scores, kept_problems, groups, draws, scoring = [], [], [], 0, 0, 0.0
-    drawn = {SAMPLED: 0.0, SAMPLED_TOKENS: 0.0}  # every answer generated, kept or not
-    while groups < wanted and draws < (rollout.max_draws if rollout.dynamic_sampling else 1):
-        problems = task.train_problems(rollout.prompts_per_step, seed=cfg.seed, step=step, draw=draws)
-        problems = [p for p in distributed.shard(problems) for _ in range(size)]
-        batch = answers(cfg, parts, problems, rollout.temperature, model)
-        drawn = {SAMPLED: drawn[SAMPLED] + len(batch.texts), SAMPLED_TOKENS: drawn[SAMPLED_TOKENS] + batch.tokens()}
-        started = time.perf_counter()
-        scores = torch.tensor(task.score_batch(batch.texts, problems))
-        scoring += time.perf_counter() - started  # the verifier's time; a judge model's forwards (task.verifier=judge)
-        draws += 1
-        keep = torch.ones(wanted, dtype=torch.bool)
-        if rollout.dynamic_sampling:
-            by_group = scores.view(wanted, size)
-            keep = (by_group != by_group[:, :1]).any(1)
-            keep &= keep.cumsum(0) <= wanted - groups  # no more groups than still needed
-        if keep.any() or (draws == rollout.max_draws and not kept_batches):
-            keep = keep if keep.any() else torch.ones(wanted, dtype=torch.bool)
-            rows = keep.repeat_interleave(size).nonzero().squeeze(1)
-            kept_batches.append(batch.select(rows))
-            kept_scores.append(scores[rows])
-            kept_problems += [problems[i] for i in rows.tolist()]
-            groups += int(keep.sum())
-    batch = kept_batches[0]
-    if len(kept_batches) > 1:
-        batch = Rollout.concat(kept_batches, parts.models.tokenizer.pad_token_id)
-    group_index = torch.arange(groups).repeat_interleave(size)
-    device = parts.models.device
-    batch, annotated = credit.annotate(cfg, parts, batch.to(device), kept_problems)  # step rewards, SPO's values
-    drawn[SAMPLED] += annotated.get("train/spo_continuations", 0.0)
-    drawn[SAMPLED_TOKENS] += annotated.get("perf/spo_tokens", 0.0)
-    return (
-        batch,
-        torch.cat(kept_scores).to(device),
-        group_index.to(device),
-        {
-            "train/groups": float(groups),
-            "train/draws": float(draws),
-            "train/reward_errors": float(task.reward_errors),  # cumulative verifier exceptions and time-outs
-            **annotated,
-            **drawn,
-            "perf/score_s": scoring,
-        },
-    )
 
 
 @dataclass(frozen=True)

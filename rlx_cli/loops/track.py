@@ -32,16 +32,18 @@ def tracking_uri() -> str:
 
 @contextmanager
 def store_lock(uri: str):
-    """For a SQLite store, an exclusive lock on ``<file>.lock`` inside: runs started at once on a fresh store would
-    otherwise each create or migrate its tables, and all but one fail; other stores: nothing."""
+    """For a SQLite store, an exclusive lock inside, on a file of the system's temporary directory named by the
+    store's path (none beside the user's files): runs started at once on a fresh store would otherwise each create or
+    migrate its tables, and all but one fail; other stores: nothing."""
     import fcntl
+    import hashlib
 
     if not uri.startswith("sqlite:///"):
         yield
         return
-    path = Path(uri.removeprefix("sqlite:///"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.lock", "w") as lock:
+    path = Path(uri.removeprefix("sqlite:///")).resolve()
+    name = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"rlx-store-{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 
