@@ -70,6 +70,9 @@ def test_a_bad_hyperparameter_is_refused_without_torch():
     choice = python("-X", "importtime", "-m", "rlx_cli", "train", "kl=estimate", "kl.kind=k9")
     assert choice.returncode == 2 and "kl.kind='k9' is not valid (valid: k1, abs, k2, k3)" in choice.stderr
     assert "torch" not in imported(choice.stderr)
+    overlay = python("-X", "importtime", "-m", "rlx_cli", "train", "algo=grpo", "+ablate=no_value_pretrain")
+    assert overlay.returncode == 2 and "+ablate=no_value_pretrain does not apply to algo=grpo" in overlay.stderr
+    assert "torch" not in imported(overlay.stderr)  # which groups a preset uses: read from the signatures too
     helped = python("-X", "importtime", "-m", "rlx_cli", "--help")
     assert helped.returncode == 0 and "torch" not in imported(helped.stderr)
 
