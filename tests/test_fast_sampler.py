@@ -154,8 +154,8 @@ def test_truncated_logp_are_generates_warpers_on_a_teacher_forced_forward(base_d
 
 def test_first_tokens_are_drawn_as_rollout_hf_draws_them():
     """20,000 first tokens from each sampler (a random Llama: a spread distribution; top-p 0.9), independent draws:
-    a chi-square test of homogeneity does not tell them apart (p = 0.28 with these seeds). From the same generator
-    state the tokens are the same: the draw is ``torch.multinomial``'s own for one sample, an exponential race."""
+    a chi-square test of homogeneity does not tell them apart (rlx inverts the cumulative distribution at one uniform
+    number a row, generate draws with torch.multinomial)."""
     from scipy.stats import chi2_contingency
 
     torch.manual_seed(0)
@@ -173,7 +173,6 @@ def test_first_tokens_are_drawn_as_rollout_hf_draws_them():
     assert table.shape[1] >= 5  # a spread distribution: the test has power
     p = chi2_contingency(table.numpy()).pvalue
     assert p > 0.01, p
-    assert torch.equal(first_tokens(fast, 3, 2000), first_tokens(hf, 3, 2000))
 
 
 def test_runs_are_identical_consecutive_rows():
@@ -214,7 +213,7 @@ def test_a_rows_sampled_answer_does_not_depend_on_when_the_other_rows_stop(base_
     answers = []
     for first in ("3,4:", "5,1,2,3,4:", "2,2,9:", "8,0,9,9,9,9:"):
         torch.manual_seed(11)
-        answers.append(sampler.generate(model, [first, "7,8,9,9,5,6:"], temperature=1.0, max_new_tokens=40))
+        answers.append(sampler.generate(model, [first, "7,8,9,9,5,6,4,3:"], temperature=1.0, max_new_tokens=48))
     stops = [int(a.response_mask[0].sum()) for a in answers]
     assert len(set(stops)) == 4 and max(stops) < int(answers[0].response_mask[1].sum())  # the first stops first
     assert len({a.texts[1] for a in answers}) == 1
