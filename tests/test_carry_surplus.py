@@ -117,29 +117,45 @@ def test_carried_groups_round_trip_through_a_checkpoint_as_safetensors_and_json(
     assert problems_of(config(True), OriginTask(), back.origins, {})[1].prompt == "1-1-2"  # the problem drawn again
 
 
-# DAPO on the built-in default; seed 1 carries groups past steps 2 and 4, where the checkpoints are
+# DAPO on the built-in default, a checkpoint every step: the run is killed at the first one that holds carried groups
 DAPO = [*(o for o in SHORT if not o.startswith("trainer.steps=")), "algo=dapo", "rollout.carry_surplus=true", "seed=1",
-        "trainer.steps=6", "trainer.ckpt_every=2", "rollout.group_size=4", "tracking=none"]  # fmt: skip
+        "trainer.steps=8", "trainer.ckpt_every=1", "rollout.group_size=4", "tracking=none"]  # fmt: skip
+
+
+def carried_at(folder) -> bool:
+    """Whether checkpoint ``folder`` holds carried groups (False if the run has just deleted it, an old one)."""
+    try:
+        saved = json.loads((folder / "state.json").read_text())
+    except FileNotFoundError:
+        return False
+    return bool(dict(dict(saved["dict"])["carried"]["dict"])["origins"])
 
 
 @pytest.mark.slow
 def test_sigkill_then_resume_keeps_the_carried_groups(workdir):
-    straight = rlx("train", *DAPO, "trainer.output_dir=straight", cwd=workdir)
-    assert straight.returncode == 0, straight.stderr
+    straight = subprocess.Popen([sys.executable, "-m", "rlx_cli", "train", *DAPO, "trainer.output_dir=straight"],
+                                cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "rlx_cli", "train", *DAPO, "trainer.output_dir=killed"],
                             cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 300
-    while checkpoint.latest(workdir / "killed") is None and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL, "the run ended before it could be killed"
-    killed_at = checkpoint.latest(workdir / "killed")
-    assert killed_at is not None and killed_at.name != "step-000006"
-    saved = json.loads((killed_at / "state.json").read_text())
-    carried = dict(saved["dict"])["carried"]
-    assert dict(carried["dict"])["origins"], "no group was carried at the checkpoint: the test shows nothing"
+    deadline, killed_at = time.monotonic() + 300, None
+    while killed_at is None and proc.poll() is None and time.monotonic() < deadline:
+        latest = checkpoint.latest(workdir / "killed")
+        if latest is not None and latest.name != "step-000008" and carried_at(latest):
+            proc.send_signal(signal.SIGSTOP)  # no checkpoint after this one: the kill lands on it
+            latest = checkpoint.latest(workdir / "killed")
+            if latest.name != "step-000008" and carried_at(latest):
+                killed_at = latest
+                proc.send_signal(signal.SIGKILL)
+            else:
+                proc.send_signal(signal.SIGCONT)
+        time.sleep(0.02)
+    assert killed_at is not None, "no checkpoint of the run held carried groups: the test shows nothing"
+    assert proc.wait() == -signal.SIGKILL
     resumed = rlx("train", *DAPO, "trainer.output_dir=killed", "trainer.resume=true", cwd=workdir)
     assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from {killed_at.relative_to(workdir)}" in resumed.stderr
+    _, err = straight.communicate(timeout=600)
+    assert straight.returncode == 0, err
     expected, got = (json.loads((workdir / d / "metrics.json").read_text()) for d in ("straight", "killed"))
     assert {k: v for k, v in got.items() if not k.startswith("perf/")} == {
         k: v for k, v in expected.items() if not k.startswith("perf/")

@@ -25,6 +25,10 @@ def model_dir(tmp_path_factory):
 def test_only_the_settings_rlx_does_not_set_itself_are_named(model_dir, tmp_path):
     assert unread_generation_settings(model_dir) == "min_new_tokens=2, repetition_penalty=1.3"  # temperature: rollout.*
     assert unread_generation_settings(tmp_path) == ""  # no generation_config.json
+    from transformers import GenerationConfig
+
+    GenerationConfig(output_hidden_states=False, use_cache=True, eos_token_id=2).save_pretrained(tmp_path)
+    assert unread_generation_settings(tmp_path) == ""  # what the built-in bases carry: nothing that changes a draw
 
 
 @pytest.mark.parametrize(("rollout", "noted"), [("fast", True), ("hf", False)])

@@ -22,7 +22,8 @@ def model_dir(tmp_path_factory):
 
 def two_updates(model_dir, overrides: list[str], skip: bool) -> dict:
     """Two ``update_step`` calls with the run's own AdamW on one sampled batch: advantages with ZERO_ROWS at 0,
-    then all 0 (the step runs on AdamW's moments alone) -> weights, metrics, log-probs, backwards, trained tokens."""
+    then all 0 (the step runs on AdamW's moments alone) -> weights, gradients, metrics, log-probs, backwards, trained
+    tokens."""
     from rlx_cli.loops.build import build
     from rlx_cli.loops.checkpoint import TrainState
     from rlx_cli.loops.progress import Progress
@@ -33,6 +34,8 @@ def two_updates(model_dir, overrides: list[str], skip: bool) -> dict:
                 f"trainer.skip_zero_advantage={skip}"]  # fmt: skip
     cfg = job_config(compose([*settings, *overrides]))
     parts = build(cfg, Progress(silent=True))
+    for group in parts.policy_optimizer.param_groups:  # AdamW's first step is lr·sign(g) where |g| >> eps: at a g
+        group["eps"] = 1e-3  # of rounding's size a sign flip would move a weight by lr; a larger eps keeps it smooth
     torch.manual_seed(0)
     prompts = [f"{i % 9 + 1},{i % 7 + 2}:" for i in range(ROWS)]
     with parts.engine.sampling():
@@ -42,8 +45,17 @@ def two_updates(model_dir, overrides: list[str], skip: bool) -> dict:
     backwards = []
     backward = parts.engine.backward
     parts.engine.backward = lambda objective: (backwards.append(1), backward(objective))
+    out = {"metrics": [], "logp": [], "weights": [], "grads": []}
+    step_gradients = parts.engine.step_gradients
+
+    def kept(optimizer, params, max_norm):  # each update's gradients, as the optimizer is about to get them
+        out["grads"].append(
+            {n: p.grad.clone() for n, p in parts.models.policy.named_parameters() if p.grad is not None}
+        )
+        return step_gradients(optimizer, params, max_norm)
+
+    parts.engine.step_gradients = kept
     state, positive, agg = TrainState(), torch.zeros(ROWS, dtype=torch.bool), cfg.loss_agg.mode
-    out = {"metrics": [], "logp": [], "weights": []}
     for advantages in (noise * mask * ~ZERO_ROWS.unsqueeze(1), torch.zeros_like(mask)):
         metrics, logp = update_step(cfg, parts, state, 1, batch, None, None, advantages, positive, None, None, agg)
         out["metrics"].append(metrics)
@@ -66,6 +78,9 @@ def test_skipping_the_backward_of_rows_without_advantage_changes_nothing_but_the
     assert full["trained"] == 2 * full["tokens"]
     first, second = skipped["weights"]
     assert max((second[n] - w).abs().max() for n, w in first.items()) > 1e-4  # AdamW moved on its moments alone
+    for theirs, ours in zip(full["grads"], skipped["grads"]):
+        for name, grad in theirs.items():  # summed in another order when rows skip: float rounding apart
+            assert torch.allclose(ours[name], grad, rtol=0, atol=1e-6 * float(grad.abs().max())), name
     for theirs, ours in zip(full["weights"], skipped["weights"]):
         for name, weight in theirs.items():
             assert torch.allclose(ours[name], weight, rtol=0, atol=1e-6), name

@@ -158,21 +158,25 @@ def fast_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:
     )
 
 
-# generation_config.json keys rlx sets itself (rollout.*) or that change no token: the rest rollout=fast does not apply
-OWN_GENERATION_KEYS = {"transformers_version", "_from_model_config", "bos_token_id", "eos_token_id", "pad_token_id",
-                       "decoder_start_token_id", "temperature", "top_p", "top_k", "do_sample", "max_new_tokens",
-                       "max_length", "use_cache"}  # fmt: skip
+# generation_config.json keys that change which tokens generate draws and that rollout=fast does not apply (rlx sets
+# temperature, top-p, top-k and the budget itself, from rollout.*)
+DECODING_KEYS = ("repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size", "bad_words_ids",
+                 "force_words_ids", "min_length", "min_new_tokens", "min_p", "typical_p", "epsilon_cutoff",
+                 "eta_cutoff", "suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
+                 "sequence_bias", "exponential_decay_length_penalty", "guidance_scale", "num_beams", "penalty_alpha",
+                 "stop_strings", "watermarking_config")  # fmt: skip
 
 
 def unread_generation_settings(path: Path) -> str:
-    """The settings of the model directory's ``generation_config.json`` that ``rollout=fast`` does not apply
-    (``repetition_penalty=1.1, min_new_tokens=4``), "" if none or no such file."""
+    """The settings of the model directory's ``generation_config.json`` that change generate's draws and that
+    ``rollout=fast`` does not apply (``repetition_penalty=1.1, min_new_tokens=4``), "" if none or no such file."""
     from transformers import GenerationConfig
 
     if not (Path(path) / "generation_config.json").is_file():
         return ""
-    settings = GenerationConfig.from_pretrained(path).to_diff_dict()
-    return ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if k not in OWN_GENERATION_KEYS)
+    settings, default = GenerationConfig.from_pretrained(path), GenerationConfig()
+    changed = {k: getattr(settings, k, None) for k in DECODING_KEYS}
+    return ", ".join(f"{k}={v}" for k, v in sorted(changed.items()) if v != getattr(default, k, None))
 
 
 def vllm_sampler(cfg: DictConfig, models: Models, path: Path) -> HFSampler:

@@ -15,6 +15,7 @@ trainer asks or dies; an error in it, or its death, fails the run (FAILED, with 
 
 from __future__ import annotations
 
+import pickle
 import queue
 import signal
 import traceback
@@ -99,11 +100,15 @@ class Ahead:
                 kind, payload = self.results.get(timeout=LIVENESS_S)
                 break
             except queue.Empty:
-                if not self.process.is_alive():
-                    code = self.process.exitcode
-                    raise SamplerFailed(
-                        f"the sampler process (rollout.overlap) died at step {step}, exit code {code}"
-                    ) from None
+                cut = None
+            except (EOFError, OSError, RuntimeError, pickle.UnpicklingError) as error:  # a batch cut off mid-way
+                cut = error
+                self.process.join(timeout=5.0)  # by the sampler's death: its pipe or shared memory gone
+            if not self.process.is_alive():
+                code = self.process.exitcode
+                raise SamplerFailed(f"the sampler process (rollout.overlap) died at step {step}, exit code {code}")
+            if cut is not None:
+                raise cut
         if kind == "error":
             raise SamplerFailed(f"the sampler process (rollout.overlap) failed at step {step}:\n{payload}")
         self.pending = None
