@@ -27,25 +27,34 @@ from rlx_cli.engine.precision import autocast
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 MAPPED_BYTES = 8 << 20  # allocations at least this large are mappings of their own (map_large_allocations)
+SAMPLED_BYTES = 1 << 20  # the same while sampling (Engine.sampling)
 
 
-@functools.cache
-def map_large_allocations() -> None:
-    """From now on, let every host allocation over 8 MiB be a mapping of its own, returned to the system when freed.
+def map_large_allocations(nbytes: int = MAPPED_BYTES) -> None:
+    """From now on, let every host allocation of at least ``nbytes`` be a mapping of its own, returned to the system
+    when freed.
 
     glibc serves smaller blocks from a heap that freed tensors fragment, and raises that threshold (up to 32 MiB) as
     large blocks are freed; micro-batch after micro-batch the heap then keeps hundreds of MiB it cannot give back,
     and peak memory grew with the number of micro-batches (64 samples of the scaling benchmark: 1,928 MiB; 1,689
     MiB with the threshold fixed at 8 MiB, 1,656 MiB at 1 MiB). Mapping costs page faults: at 1 MiB a step of
-    long_sums took 0.43 s against 0.34 s unmapped, at 8 MiB 0.35 s. ``Engine.micro_batches`` turns it on once a
-    pass splits. Linux with glibc only.
+    long_sums took 0.43 s against 0.34 s unmapped, at 8 MiB 0.35 s. ``loops/run.py`` sets 8 MiB before anything
+    else; ``Engine.sampling`` 1 MiB inside it. Linux with glibc only.
     """
+    mallopt = glibc_mallopt()
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, nbytes)
+
+
+@functools.cache
+def glibc_mallopt():
+    """glibc's ``mallopt``, or None (not Linux; another C library, musl)."""
     if not sys.platform.startswith("linux"):
-        return
+        return None
     try:
-        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MAPPED_BYTES)
-    except (OSError, AttributeError):  # another C library (musl)
-        return
+        return ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
 
 
 class Engine:
@@ -61,11 +70,22 @@ class Engine:
     # -- sampling -------------------------------------------------------------------------------------------
     @contextmanager
     def sampling(self):
-        """Inside it, ``generate`` (and a vLLM sync) may use the policy: eval mode, autocast, whole weights."""
+        """Inside it, ``generate`` (and a vLLM sync) may use the policy: eval mode, autocast, whole weights, and
+        host allocations of 1 MiB and more mapped (``map_large_allocations``).
+
+        A decode step allocates its [rows, vocabulary] tensors anew at every token, and keeps each token's small
+        tensors to the end of the decode; cut from a freed [rows, vocabulary] block (glibc's best fit), such a small
+        block leaves it too short for the next token's, and the heap grew by up to 150 MiB in one decode of 16 rows
+        at a 32,000 vocabulary (2 MiB a tensor), or not at all, by the heap's state when it began: identical runs
+        peaked at 878 to 1,024 MiB (docs/benchmarks.md, Peak memory); mapped, at 871 to 876."""
         models = self.models
         gathered = sharding.gathered(models.scorer) if self.strategy == "fsdp" else nullcontext()
-        with evaluating(models.policy), autocast(models.compute_dtype, models.device), gathered:
-            yield
+        map_large_allocations(SAMPLED_BYTES)
+        try:
+            with evaluating(models.policy), autocast(models.compute_dtype, models.device), gathered:
+                yield
+        finally:
+            map_large_allocations()
 
     # -- forwards without gradients ------------------------------------------------------------------------
     def micro_batches(self, batch: Rollout, forward_only: Tensor | None = None) -> list[MicroBatch]:
@@ -74,8 +94,6 @@ class Engine:
         forward gathers weights collectively, each backward reduces gradients), the extra ones empty
         (``MicroBatch.padding``)."""
         micro = split(batch, self.budget, forward_only)
-        if len(micro) > 1:
-            map_large_allocations()
         if self.strategy == "fsdp":
             kinds = (False,) if forward_only is None else (True, False)
             micro = [mb for kind in kinds for mb in pad_to_largest(micro, kind)]
