@@ -130,3 +130,14 @@ def write_json(name: str, data: dict, path: str | None = None) -> Path:
 
 def rlx_home() -> Path:
     return Path(os.environ.get("RLX_HOME", Path.home() / ".cache" / "rlx"))
+
+
+def write_user_rows(path: Path, n: int = 400) -> Path:
+    """A user's prompt file (``task=jsonl``): ``n`` rows {prompt: 'a+b=', answer: str(a + b)}, a and b in 1..50 drawn
+    by ``random.Random(0)``, for the ``exact`` verifier (the issue-53 task of docs/benchmarks.md)."""
+    import random
+
+    rng = random.Random(0)
+    pairs = [(rng.randint(1, 50), rng.randint(1, 50)) for _ in range(n)]
+    path.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) + "\n" for a, b in pairs))
+    return path

@@ -39,6 +39,16 @@ vocabulary:
 budget, by default the task's ``rollout.max_new_tokens``). ``--rollout fast``: rlx samples with its own decode loop
 (``rollout=fast``; its ``generate`` phase is that loop), which reads no ``generation_config.json`` and so needs
 ``--stops natural``. ``--task long_sums``: that task's prompts (3–8 terms), and ``--sizes small`` its built-in base.
+
+``--task user``: a user's task, as a user runs it: rlx ``model=hf task=jsonl task.path=FILE`` (its own defaults
+otherwise: ``rollout=fast``, natural stops; ``task.verifier=exact``) on 400 rows ``a+b=`` -> ``a+b``
+(``_common.write_user_rows``), by default on ``--sizes user``, benchmarks/scaling.py's 10.6M Qwen2 with a 32,000-token
+vocabulary (random weights), answers of at most 8 tokens; TRL the same rows, drawn as rlx draws them, with the
+stripped completion's exact match as the reward. ``--rlx-set rollout.lag=1 rollout.overlap=true`` samples rlx's
+next step in a process of its own (one thread each, ``--threads``) during the update; TRL has no such mode, and
+rlx's ``generate`` is then its wait for that batch:
+
+    python benchmarks/vs_trl.py --task user --finetunes full --rounds 3 --json benchmarks/results/vs_trl_user_task.json
 """
 
 from __future__ import annotations
@@ -46,26 +56,27 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import load, median, run_worker, table, versions, write_json  # noqa: E402
-from vs_trl_workers import NEW_TOKENS, SIZES, make_model_dir, task_config, worker_main  # noqa: E402
+from _common import HERE, load, median, run_worker, table, versions, write_json, write_user_rows  # noqa: E402
+from vs_trl_workers import NEW_TOKENS, SIZES, budget, make_model_dir, worker_main  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", nargs="+", default=["tiny", "medium"], choices=list(SIZES))
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), help="default tiny medium; --task user: user")
     parser.add_argument("--finetunes", nargs="+", default=["lora", "full"], choices=["lora", "full"])
     parser.add_argument("--steps", type=int, default=20, help="measured steps per run (after --warmup)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=2, help="rlx and TRL back to back, order alternating")
     parser.add_argument("--new-tokens", type=int, default=None, help="override the size's new tokens (the budget)")
-    parser.add_argument("--stops", default="forced", choices=["forced", "natural"], help="natural: answers end at EOS")
-    parser.add_argument("--rollout", default="hf", choices=["hf", "fast"], help="rlx's sampler (rollout=...)")
-    parser.add_argument("--task", default="sums", choices=["sums", "long_sums"], help="the prompts (and base)")
+    parser.add_argument("--stops", choices=["forced", "natural"], help="natural: answers end at EOS (user's default)")
+    parser.add_argument("--rollout", choices=["hf", "fast"], help="rlx's sampler: default hf; --task user: fast")
+    parser.add_argument("--task", default="sums", choices=["sums", "long_sums", "user"], help="the prompts (and base)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per tool")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16-mixed"], help="bf16-mixed: TRL bf16")
@@ -80,7 +91,12 @@ def main() -> None:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--finetune", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--rows", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    user = args.task == "user"  # a user's defaults: rollout=fast, answers ending at EOS, the user's model
+    args.sizes = args.sizes or (["user"] if user else ["tiny", "medium"])
+    args.stops = args.stops or ("natural" if user else "forced")
+    args.rollout = args.rollout or ("fast" if user else "hf")
     if args.rollout == "fast" and args.stops == "forced":
         parser.error("--rollout fast reads no generation_config.json, so it cannot force a length: use --stops natural")
     if args.worker:
@@ -88,7 +104,7 @@ def main() -> None:
         return worker_main(args)
 
     plan = [(s, f) for s in args.sizes for f in args.finetunes]
-    natural_budget = task_config(args.task).rollout.max_new_tokens
+    natural_budget = budget(args.task)
     if args.collect:  # a run cut short: summarise the workers' files it left
         runs = []
         for path in sorted(Path(args.collect).glob("*-*-*-*.json")):
@@ -97,9 +113,13 @@ def main() -> None:
         return summarise(runs, plan, args)
     if args.dry_run:
         for s, f in plan:
-            print(f"{s} {f}: {new_tokens_of(s, args, natural_budget)} new tokens ({args.stops}), {SIZES[s]}")
+            rlx = " ".join([f"rollout={args.rollout}", *args.rlx_set])
+            model = SIZES[s] or ("scaling.py's Qwen2" if s == "user" else "the built-in base")
+            print(f"{s} {f}: {new_tokens_of(s, args, natural_budget)} new tokens ({args.stops}), task {args.task}, "
+                  f"rlx {rlx}, {model}")  # fmt: skip
         return
     scratch = Path(tempfile.mkdtemp(prefix="vs-trl-"))
+    rows = ["--rows", str(write_user_rows(scratch / "user_rows.jsonl"))] if user else []
     runs = []
     for r in range(args.rounds):
         for size, finetune in plan:
@@ -139,6 +159,7 @@ def main() -> None:
                     args.precision,
                     *(["--checkpointing"] if args.checkpointing else []),
                     *(["--rlx-set", *args.rlx_set] if args.rlx_set else []),
+                    *rows,
                     "--out",
                     str(out),
                 ]
@@ -214,10 +235,14 @@ def summarise(runs: list[dict], plan, args) -> None:
     loads = [x[k]["load1"] for x in runs for k in ("load_before", "load_after") if k in x]
     if loads:
         print(f"load (1 min) during the runs: {min(loads):.1f}-{max(loads):.1f} on {load()['cores']} cores")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
     path = write_json(
         "vs_trl",
         {
             "args": {k: v for k, v in vars(args).items() if v is not None},
+            "commit": commit.stdout.strip(),
+            "load1_range": [min(loads), max(loads)] if loads else None,
+            "load_at_end": load(),
             "versions": versions("rlx", "trl", "transformers", "torch", "peft", "accelerate"),
             "summary": summary,
             "runs": runs,

@@ -1,5 +1,8 @@
 """The two sides of benchmarks/vs_trl.py: the saved model both tools load, and one timed run of each (a worker
-process: ``vs_trl.py --worker rlx|trl``). See vs_trl.py for what is measured and how."""
+process: ``vs_trl.py --worker rlx|trl``). See vs_trl.py for what is measured and how.
+
+``--task user`` is a user's task: ``model=hf task=jsonl`` on a prompt file (``_common.write_user_rows``) for rlx,
+the same file's rows, drawn as rlx draws them, for TRL, whose reward is the stripped completion's exact match."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from _common import Timers, load, one_thread, peak_rss_mib  # noqa: E402
 SIZES = {  # LlamaConfig fields besides the tokenizer's; None = the built-in base model of that name (SFT'd, cached)
     "tiny": None,
     "small": None,  # task=long_sums's base
+    "user": None,  # a user's model: benchmarks/scaling.py's 10.6M Qwen2 (vocabulary 32,000), random weights
     "medium": dict(
         hidden_size=256,
         intermediate_size=1024,
@@ -42,23 +46,26 @@ SIZES = {  # LlamaConfig fields besides the tokenizer's; None = the built-in bas
         max_position_embeddings=4096,
     ),
 }
-NEW_TOKENS = {"tiny": 8, "small": 8, "medium": 64, "large": 64, "1.5b": 256}  # --stops forced
+NEW_TOKENS = {"tiny": 8, "small": 8, "user": 8, "medium": 64, "large": 64, "1.5b": 256}  # --stops forced
 LR = {"full": 1e-5, "lora": 3e-4}  # rlx model=tiny's rates
 
 
 def make_model_dir(size: str, new_tokens: int, root: Path, task: str, forced: bool) -> Path:
     """A saved model + tokenizer; ``forced``: its generation config forces exactly ``new_tokens`` new tokens."""
     import torch
-    from transformers import GenerationConfig, LlamaForCausalLM
+    from transformers import AutoConfig, GenerationConfig, LlamaForCausalLM
 
     from rlx_cli.engine.base_model import char_llama_config, char_tokenizer
 
     target = root / f"{size}-{task}-{new_tokens}-{'forced' if forced else 'natural'}"
     if (target / "config.json").exists():
         return target
-    if SIZES[size] is None:
-        shutil.copytree(base_dir(size, task), target)
-        model = LlamaForCausalLM.from_pretrained(target)
+    if size == "user":
+        from scaling import make_model_dir as user_model_dir
+
+        user_model_dir(target)
+    elif SIZES[size] is None:
+        shutil.copytree(base_dir(size, "sums" if task == "user" else task), target)
     else:
         tok = char_tokenizer()
         torch.manual_seed(0)
@@ -67,7 +74,7 @@ def make_model_dir(size: str, new_tokens: int, root: Path, task: str, forced: bo
         tok.save_pretrained(target)
     if not forced:
         return target
-    gen = GenerationConfig.from_model_config(model.config)
+    gen = GenerationConfig.from_model_config(AutoConfig.from_pretrained(target))
     gen.min_new_tokens = new_tokens
     gen.save_pretrained(target)
     return target
@@ -91,23 +98,35 @@ def task_config(task: str):
     return compose([f"task={task}"])
 
 
+def budget(task: str) -> int:
+    """The answers' budget with natural stops: the task's ``rollout.max_new_tokens``; the user's task: 8 tokens."""
+    return NEW_TOKENS["user"] if task == "user" else task_config(task).rollout.max_new_tokens
+
+
+def task_overrides(args) -> list[str]:
+    """rlx's task: the built-in one, or the user's model and prompt file as a user runs them."""
+    return ["model=hf", "task=jsonl", f"task.path={args.rows}"] if args.task == "user" else [f"task={args.task}"]
+
+
 def rlx_worker(args) -> dict:
     """``rlx train algo=grpo`` in this process, its step starts and phases timed by light wrappers."""
     import torch
 
     from rlx_cli.engine import logprobs
     from rlx_cli.loops import loop, run
+    from rlx_cli.loops.overlap import Ahead
     from rlx_cli.sampling import fast_rollout
 
     timers = Timers()
-    loop.sample_groups = _starting(timers, loop.sample_groups)
+    loop.sample_groups = _starting(timers, loop.sample_groups, 2)
+    Ahead.take = _starting(timers, timers.wrap(Ahead.take, "generate"), 1)  # rollout.overlap: the wait for a batch
     logprobs.Scorer.forward = timers.wrap(logprobs.Scorer.forward, "logp", when=lambda: not torch.is_grad_enabled())
     _patch_generate(timers)
     fast_rollout.decode = timers.wrap(fast_rollout.decode, "generate")  # rollout=fast's loop, in place of generate
     out_dir = tempfile.mkdtemp(prefix="rlx-bench-")
     overrides = [
         "algo=grpo",
-        f"task={args.task}",
+        *task_overrides(args),
         f"rollout={args.rollout}",
         f"model.path={args.model_dir}",
         f"model.finetune={args.finetune}",
@@ -130,11 +149,13 @@ def rlx_worker(args) -> dict:
     return {"overrides": overrides, **timers.summary(args.warmup)}
 
 
-def _starting(timers: Timers, fn):
-    def wrapped(cfg, parts, step, *rest):
-        if step > 0:  # value pretraining samples with negative steps
+def _starting(timers: Timers, fn, step_at: int):
+    """``fn`` starting each step's clock; its argument number ``step_at`` is the step."""
+
+    def wrapped(*args):
+        if args[step_at] > 0:  # value pretraining samples with negative steps
             timers.start_step()
-        return fn(cfg, parts, step, *rest)
+        return fn(*args)
 
     return wrapped
 
@@ -152,21 +173,15 @@ def trl_worker(args) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlx_cli.sampling.tasks import Problem, SumsTask
-
     timers = Timers()
     _patch_generate(timers)
     GRPOTrainer._get_per_token_logps_and_entropies = timers.wrap(
         GRPOTrainer._get_per_token_logps_and_entropies, "logp", when=lambda: not torch.is_grad_enabled()
     )
     steps = args.warmup + args.steps + 1
-    terms = task_config(args.task).task
-    task = SumsTask(min_terms=terms.min_terms, max_terms=terms.max_terms, eval_size=1, eval_seed=0)
+    task, reward = trl_task(args)
     problems = [p for step in range(1, steps + 1) for p in task.train_problems(16, seed=0, step=step)]
     dataset = Dataset.from_list([{"prompt": p.prompt, "answer": p.answer} for p in problems])
-
-    def sums_reward(prompts, completions, answer, **_):
-        return [SumsTask.score(c, Problem(p, a)) for p, c, a in zip(prompts, completions, answer)]
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, *_, **__):
@@ -220,7 +235,7 @@ def trl_worker(args) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=sums_reward,
+        reward_funcs=reward,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -230,6 +245,27 @@ def trl_worker(args) -> dict:
     trainer.train()
     shutil.rmtree(out_dir, ignore_errors=True)
     return timers.summary(args.warmup)
+
+
+def trl_task(args):
+    """(the task whose prompts rlx draws, TRL's reward function): the sums and their verifier, or the user's file
+    and an exact match of the stripped completion."""
+    from rlx_cli.sampling.tasks import Problem, SumsTask
+
+    if args.task == "user":
+        from rlx_cli.config.compose import compose
+        from rlx_cli.loops.build import build_task
+
+        def exact_match(prompts, completions, answer, **_):
+            return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+        return build_task(compose(["task=jsonl", f"task.path={args.rows}"]).task), exact_match
+    terms = task_config(args.task).task
+
+    def sums_reward(prompts, completions, answer, **_):
+        return [SumsTask.score(c, Problem(p, a)) for p, c, a in zip(prompts, completions, answer)]
+
+    return SumsTask(min_terms=terms.min_terms, max_terms=terms.max_terms, eval_size=1, eval_seed=0), sums_reward
 
 
 def worker_main(args) -> None:
