@@ -17,6 +17,7 @@ import sys
 import pandas as pd
 
 from rlx_cli.studies import stats
+from rlx_cli.studies.report_table import Judging, judge
 
 MARGIN = 0.02
 
@@ -36,8 +37,11 @@ def pair_table(path: str) -> str:
     metric = runs.columns[3]  # arm, seed, run_id, then the table's metric
     lags = per_lag(runs, metric)
     tests = {lag: stats.compare(arms["decoupled"], arms["naive"], level=0.95) for lag, arms in sorted(lags.items())}
-    p_holm = stats.holm([t.p for t in tests.values()])
-    p_equivalent = stats.holm([stats.equivalence_p(t, MARGIN) for t in tests.values()])
+    table = pd.DataFrame(
+        {"arm": list(tests), "delta": [t.delta for t in tests.values()], "p_value": [t.p for t in tests.values()],
+         "p_equivalent": [stats.equivalence_p(t, MARGIN) for t in tests.values()]}
+    )  # fmt: skip
+    judge(table, tests, Judging(margin=MARGIN))  # Holm over the lags, then rlx report's verdict and seeds
     lines = [
         f"{metric}, decoupled (trainer.old_logp=trainer + TIS) against naive (trainer.old_logp=sampler) at each lag, "
         f"paired by seed, Holm over {len(tests)} lags, δ = {MARGIN} ({path})",
@@ -45,14 +49,14 @@ def pair_table(path: str) -> str:
         "| lag | naive | decoupled | Δ | p | p (Holm) | 95% CI of Δ | verdict |",
         "|---:|---:|---:|---:|---:|---:|---:|:---|",
     ]
-    for (lag, test), holm, equivalent in zip(tests.items(), p_holm, p_equivalent, strict=True):
-        said = stats.label(test.delta, holm, equivalent)
+    for row in table.itertuples():
+        test, said = tests[row.arm], row.verdict
         if said == "inconclusive":
-            said += f" ({stats.deciding_seeds(test, MARGIN)} seeds)"
-        naive, decoupled = (list(lags[lag][k].values()) for k in ("naive", "decoupled"))
+            said += f" ({row.seeds_needed} seeds)"
+        naive, decoupled = (list(lags[row.arm][k].values()) for k in ("naive", "decoupled"))
         lines.append(
-            f"| {lag} | {stats.mean(naive):.3f} ± {stats.std(naive):.3f} | {stats.mean(decoupled):.3f} ± "
-            f"{stats.std(decoupled):.3f} | {test.delta:+.3f} | {test.p:.3f} | {holm:.3f} | "
+            f"| {row.arm} | {stats.mean(naive):.3f} ± {stats.std(naive):.3f} | {stats.mean(decoupled):.3f} ± "
+            f"{stats.std(decoupled):.3f} | {test.delta:+.3f} | {test.p:.3f} | {row.p_holm:.3f} | "
             f"[{test.low:+.3f}, {test.high:+.3f}] | {said} |"
         )
     return "\n".join(lines) + "\n"
