@@ -95,3 +95,9 @@ def mlflow_runs(workdir: Path, experiment: str = "rlx"):
     if mlflow.get_experiment_by_name(experiment) is None:
         return pd.DataFrame()
     return mlflow.search_runs(experiment_names=[experiment])
+
+
+def table_rows(markdown: str) -> list[list[str]]:
+    """The body rows of a markdown table (after its header and rule), cells stripped."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")][2:]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import io
 import math
-import re
-from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO, SHORT, mlflow_runs, rlx
+from conftest import SHORT, mlflow_runs, rlx, table_rows
 
 from rlx_cli.config.errors import UserError
 from rlx_cli.studies import stats
@@ -75,11 +73,6 @@ def store(store_uri, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store_uri)
     return tmp_path
-
-
-def table_rows(markdown: str) -> list[list[str]]:
-    lines = [line for line in markdown.splitlines() if line.startswith("|")][2:]
-    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
 
 
 def test_markdown_groups_arms_over_seeds(store):
@@ -365,146 +358,3 @@ def test_verdicts_are_labelled_on_holm_adjusted_p_and_tost(paired_uri, monkeypat
         report_command(study="p", margin=0.0)
     with pytest.raises(UserError, match=r"--alpha 1.0 is not valid"):
         report_command(study="p", alpha=1.0)
-
-
-def log_history(client, exp_id, overrides: str, seed: int, curves: dict, *, status: str = "FINISHED", start: int = 0):
-    """A run of ``overrides`` and ``seed`` whose metrics are ``curves`` (name -> [(step, value)])."""
-    from mlflow.entities import Metric
-
-    tags = {"rlx.overrides": f"{overrides} seed={seed}", "rlx.algo": "grpo", "rlx.ablate": "none",
-            "rlx.seed": str(seed), "rlx.study": "h"}  # fmt: skip
-    run_id = client.create_run(exp_id, tags=tags, start_time=start).info.run_id
-    client.log_batch(run_id, metrics=[Metric(k, v, s, s) for k, points in curves.items() for s, v in points])
-    client.set_terminated(run_id, status)
-
-
-def healthy(final: float, **changes) -> dict:
-    """Curves of a sound run: accuracy 0.9 -> ``final`` (SE 0.02), entropy 1.0 -> 0.8, small KLs, no skips."""
-    curves = {
-        "eval/accuracy": [(0, 0.9), (20, final)],
-        "eval/accuracy_se": [(0, 0.02), (20, 0.02)],
-        "train/entropy": [(s, 1.0 if s < 10 else 0.8) for s in range(1, 21)],
-        "train/kl": [(s, 0.01) for s in range(1, 21)],
-        "train/skipped_steps": [(s, 0.0) for s in range(1, 21)],
-    }
-    return curves | changes
-
-
-@pytest.fixture(scope="module")
-def health_uri(tmp_path_factory):
-    """Study 'h': a sound baseline; a collapsed arm; one whose entropy collapses and KL drifts on one of two seeds;
-    one whose NaN guard skipped updates on a seed; one whose only run FAILED."""
-    from mlflow.tracking import MlflowClient
-
-    uri = f"sqlite:///{tmp_path_factory.mktemp('health') / 'mlflow.db'}"
-    client = MlflowClient(tracking_uri=uri)
-    exp_id = client.create_experiment("health")
-    arms = {
-        "algo=grpo": [healthy(0.92), healthy(0.94)],
-        "algo=grpo trainer.lr=0.1": [healthy(0.3), healthy(0.2)],  # 0.9 -> 0.3: far past 2 SE = 0.057
-        "algo=grpo kl.coef=0": [
-            healthy(0.93, **{"train/entropy": [(s, 1.0 if s < 10 else 0.05) for s in range(1, 21)]}),
-            healthy(0.93, **{"train/kl": [(s, 0.8) for s in range(1, 21)]}),
-        ],
-        "algo=grpo trainer.epochs=2": [healthy(0.91), healthy(0.95, **{"train/skipped_steps": [(19, 0.0), (20, 2.0)]})],
-    }
-    start = 0
-    for overrides, runs in arms.items():
-        for seed, curves in enumerate(runs):
-            start += 1
-            log_history(client, exp_id, overrides, seed, curves, start=start)
-    log_history(client, exp_id, "algo=grpo trainer.lr=1.0", 0, {"eval/accuracy": [(0, 0.9)]}, status="FAILED", start=99)
-    return uri
-
-
-def test_health_flags_and_eval_se_beside_the_verdicts(health_uri, monkeypatch, tmp_path):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", health_uri)
-    text = report_command(study="h", with_stats=True, margin=0.05)
-    headers = [c.strip() for c in text.splitlines()[2].strip("|").split("|")]
-    rows = {r[0]: r for r in table_rows(text)}
-    health, se = headers.index("health"), headers.index("eval SE")
-    assert {arm: row[health] for arm, row in rows.items()} == {
-        "grpo": "ok",
-        "grpo trainer.lr=0.1": "collapsed",
-        "grpo kl.coef=0": "entropy-collapse, drift",  # each on one of its two seeds: half of them
-        "grpo trainer.epochs=2": "diverged",
-        "grpo trainer.lr=1.0": "diverged",
-    }
-    assert rows["grpo"][se] == "0.020" and rows["grpo trainer.lr=1.0"][1:4] == ["–", "0", "–"]  # no FINISHED run
-    # Δ -0.68 from per-seed differences -0.62, -0.74: t = 11.3 with 1 df, p = 0.056; 3 seeds find it (df 2)
-    assert rows["grpo trainer.lr=0.1"][headers.index("verdict")] == "inconclusive (3 seeds)"
-    assert (
-        "health of grpo trainer.lr=0.1: collapsed (seed 0: eval/accuracy 0.900 → 0.300 (2 SE = 0.057), "
-        "seed 1: eval/accuracy 0.900 → 0.200 (2 SE = 0.057))"
-    ) in text
-    assert "health of grpo kl.coef=0: entropy-collapse (seed 0: train/entropy 1 → 0.05 (< 10% of its start)); " in text
-    assert "drift (seed 1: train/kl 0.8 (> 0.5))" in text and "diverged (seed 0: FAILED)" in text
-    assert "diverged (seed 1: the NaN guard skipped 2 updates)" in text
-    # the evaluation's noise of a one-seed Δ, hypot(0.02, 0.02) = 0.0283, against the spread of the per-seed Δ:
-    # kl.coef=0's (0.01, -0.01) spread 0.0141, lr=0.1's (-0.62, -0.74) 0.085
-    assert "evaluation noise: " in text and "grpo kl.coef=0: 0.0283 against 0.0141" in text
-    assert "grpo trainer.lr=0.1:" not in text.split("evaluation noise: ")[1]  # its Δ spreads 0.085 between seeds
-
-    out = tmp_path / "t.md"
-    report_command(study="h", with_stats=True, margin=0.05, out=out)
-    runs = pd.read_csv(tmp_path / "t-runs.csv")
-    assert runs["status"].tolist().count("FAILED") == 1 and "eval/accuracy_se" in runs.columns
-    assert runs.set_index(["arm", "seed"]).loc[("grpo trainer.lr=0.1", 1), "eval/accuracy end"] == 0.2
-    again = report_command(runs=tmp_path / "t-runs.csv", with_stats=True, margin=0.05)
-    assert table_rows(again) == table_rows(text) and "health of grpo trainer.lr=0.1: collapsed" in again
-    assert "runs " + str(tmp_path / "t-runs.csv") in again
-
-
-def test_runs_file_mistakes(tmp_path):
-    with pytest.raises(UserError, match=r"--runs nope.csv: no such file"):
-        report_command(runs=Path("nope.csv"))
-    (tmp_path / "x-runs.csv").write_text("a,b\n1,2\n")
-    with pytest.raises(UserError, match="not a table's per-run data"):
-        report_command(runs=tmp_path / "x-runs.csv")
-    with pytest.raises(UserError, match=r"--runs rebuilds the table from its file; --x needs the MLflow store"):
-        report_command(runs=tmp_path / "x-runs.csv", x="samples")
-    committed = REPO / "reports" / "off-policy" / "table-runs.csv"
-    with pytest.raises(UserError, match=r"--metric eval/accuracy: .* holds eval/accuracy_sampled"):
-        report_command(runs=committed, metric="eval/accuracy")
-    with pytest.raises(UserError, match=r"no metric 'train/nope' in .*table-curves.csv \(valid: eval/accuracy, eval/"):
-        report_command(runs=committed, extra_metrics="train/nope")
-
-
-COMMITTED = sorted((REPO / "reports").rglob("*-runs.csv"))
-
-
-def reduction_of(caption: str) -> tuple[str, int]:
-    """--reduce and --k from a table's caption: "(last ...", "(max ..." or "(mean of the last N ..."."""
-    found = re.search(r"\((mean of the last (\d+)|last|max)", caption)
-    return ("mean_last_k", int(found.group(2))) if found.group(2) else (found.group(1), 3)
-
-
-@pytest.mark.parametrize("path", COMMITTED, ids=[str(p.relative_to(REPO / "reports")) for p in COMMITTED])
-def test_runs_rebuild_every_committed_table(path):
-    """Acceptance 3: ``rlx report --runs`` on each committed *-runs.csv prints the committed table's means ± std, n and
-    Δ (its tests where it has them, its extra columns from the *-curves.csv, its eval SE and health) exactly; a fit
-    table's observed means likewise. Older files carry no SE or health figures: no eval SE and no health column then."""
-    committed = path.with_name(path.name.removesuffix("-runs.csv") + ".md").read_text()
-    headers = [c.strip() for c in committed.splitlines()[2].strip("|").split("|")]
-    rows, caption = table_rows(committed), committed.splitlines()[0]
-    base = (re.search(r"Δ vs (.+?), best in bold", caption) or re.search(r"ΔA vs (.+?) \[", committed)).group(1)
-    if "observed" in headers:  # a sigmoid fit's table: the mean of the runs' last points
-        again = table_rows(report_command(runs=path, baseline=base))
-        observed = {r[0]: r[headers.index("observed")] for r in rows}
-        assert observed == {r[0]: r[1].strip("*").split(" ±")[0] for r in again}
-        return
-    logged = set(pd.read_csv(path.with_name(path.name.replace("-runs.csv", "-curves.csv")))["metric"])
-    extras = [h for h in headers[4:] if h in logged]
-    how, k = reduction_of(caption)
-    with_stats = "test" in headers
-    rebuilt = report_command(runs=path, baseline=base, with_stats=with_stats, extra_metrics=",".join(extras),
-                             reduce_by=how, k=k)  # fmt: skip
-    again = table_rows(rebuilt)
-    width = 9 if with_stats else 4  # arm, mean ± std, n, Δ (test, p, p (Holm), CI, MDE)
-    assert [r[:width] for r in again] == [r[:width] for r in rows]
-    rebuilt_headers = [c.strip() for c in rebuilt.splitlines()[2].strip("|").split("|")]
-    for extra in extras + [h for h in ("eval SE", "health") if h in headers]:
-        column, rebuilt_column = headers.index(extra), rebuilt_headers.index(extra)
-        assert [r[rebuilt_column] for r in again] == [r[column] for r in rows], extra
-    for absent in {"eval SE", "health"} - set(headers):
-        assert absent not in rebuilt_headers
