@@ -1,0 +1,137 @@
+"""The gym pilot's table (reports/gym-chain_sum.md, "Pilot"), from the MLflow store of run.sh's directory.
+
+    cd DIR && python reports/gym-chain_sum/pilot/pilot.py --out reports/gym-chain_sum/pilot
+
+Per run (arm = difficulty-u<updates per rollout>, from ``trainer.output_dir``): the base's step-0 and the final greedy
+and sampled accuracy and the final sampled accuracy's evaluation SE (``eval/accuracy_sampled_se``). Per cell: the
+sampled gain (final − step 0, paired by seed) and its verdict, σ (the larger of the seeds' std of the final and the
+mean evaluation SE), the MDE a 5-seed paired comparison of two arms would have (√2·σ/√5 as its SE, 4 degrees of
+freedom, 80% power at α 0.05: ``rlx_cli.studies.stats.detectable``) and the rule: gain ≥ 3 × MDE. Writes
+pilot-per-run.csv, pilot-grid.csv, pilot-grid.md and pilot-curves.png to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pandas as pd
+
+EXPERIMENT = "gym-pilot"
+STUDY_SEEDS = 5  # the study the MDE is for
+COST = {2: 1, 16: 1, 64: 4}  # updates per rollout -> backward passes over each rollout batch (epochs)
+
+
+def runs(uri: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(one row per run, the sampled accuracy curves: arm, seed, step, value)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    rows, curves = [], []
+    for run in client.search_runs([experiment.experiment_id]):
+        if run.info.status != "FINISHED":
+            continue
+        name = Path(run.data.params["trainer.output_dir"]).name  # e.g. easy-u16-s1
+        arm, seed = name.rsplit("-s", 1)
+        difficulty, updates = arm.split("-u")
+        history = lambda key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}  # noqa: E731
+        greedy, sampled, sampled_se = history("eval/accuracy"), history("eval/accuracy_sampled"), history(
+            "eval/accuracy_sampled_se"
+        )
+        last = max(sampled)
+        rows.append(
+            {
+                "difficulty": difficulty, "updates": int(updates), "seed": int(seed),
+                "greedy_base": greedy[0], "greedy_final": greedy[last],
+                "sampled_base": sampled[0], "sampled_final": sampled[last], "sampled_final_se": sampled_se[last],
+                "run_id": run.info.run_id,
+            }
+        )  # fmt: skip
+        curves += [{"arm": arm, "seed": int(seed), "step": s, "value": v} for s, v in sorted(sampled.items())]
+    per_run = pd.DataFrame(rows).sort_values(["difficulty", "updates", "seed"]).reset_index(drop=True)
+    return per_run, pd.DataFrame(curves).sort_values(["arm", "seed", "step"]).reset_index(drop=True)
+
+
+def cells(per_run: pd.DataFrame) -> pd.DataFrame:
+    from rlx_cli.studies.stats import detectable, std, verdict
+
+    rows = []
+    for (difficulty, updates), g in per_run.groupby(["difficulty", "updates"], sort=True):
+        gain = g.sampled_final - g.sampled_base
+        sigma = max(std(list(g.sampled_final)), g.sampled_final_se.mean())
+        mde = detectable(math.sqrt(2) * sigma / math.sqrt(STUDY_SEEDS), STUDY_SEEDS - 1)
+        called = verdict(list(g.sampled_final), list(g.sampled_base), margin=0.02)
+        rows.append(
+            {
+                "difficulty": difficulty, "updates": updates, "seeds": len(g),
+                "greedy_base": g.greedy_base.mean(), "greedy_final": g.greedy_final.mean(),
+                "sampled_base": g.sampled_base.mean(), "sampled_final": g.sampled_final.mean(),
+                "gain": gain.mean(), "verdict": called.label, "p": called.p,
+                "sigma": sigma, "mde": mde, "passes": gain.mean() >= 3 * mde,
+            }
+        )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def chosen(grid: pd.DataFrame, difficulty: str) -> pd.Series | None:
+    """The rule: the cheapest passing cell of a difficulty (compute, then updates per rollout)."""
+    own = grid[grid.difficulty == difficulty].assign(cost=lambda g: g.updates.map(COST))
+    passing = own[own.passes].sort_values(["cost", "updates"])
+    return None if passing.empty else passing.iloc[0]
+
+
+def markdown(grid: pd.DataFrame) -> str:
+    head = "| difficulty | updates | greedy base → final | sampled base → final | gain | verdict (p) | σ | MDE (5 seeds) | 3 × MDE | passes |"  # noqa: E501
+    lines = [head, "|" + " --- |" * 10]
+    for _, c in grid.iterrows():
+        lines.append(
+            f"| {c.difficulty} | {c.updates} | {c.greedy_base:.3f} → {c.greedy_final:.3f} | "
+            f"{c.sampled_base:.3f} → {c.sampled_final:.3f} | {c.gain:+.3f} | {c.verdict} ({c.p:.3g}) | "
+            f"{c.sigma:.3f} | {c.mde:.3f} | {3 * c.mde:.3f} | {'yes' if c.passes else 'no'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(curves: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True, sharex=True)
+    for ax, difficulty in zip(axes, ["easy", "hard"], strict=True):
+        for arm, g in curves[curves.arm.str.startswith(difficulty)].groupby("arm"):
+            mean = g.groupby("step").value.mean()
+            line = ax.plot(mean.index, mean.values, marker="o", label=f"{arm.split('-u')[1]} updates (mean)")[0]
+            for _, s in g.groupby("seed"):
+                ax.plot(s.step, s.value, color=line.get_color(), alpha=0.3, lw=0.8)
+        ax.set_title(f"GRPO on chain_sum, {difficulty}")
+        ax.set_xlabel("step (128 samples each)")
+        ax.set_ylabel("sampled accuracy (4 answers a prompt)")
+        ax.legend()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--uri", default="sqlite:///mlflow.db")
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args()
+    per_run, curves = runs(args.uri)
+    grid = cells(per_run)
+    args.out.mkdir(parents=True, exist_ok=True)
+    per_run.to_csv(args.out / "pilot-per-run.csv", index=False)
+    curves.to_csv(args.out / "pilot-curves.csv", index=False)
+    grid.to_csv(args.out / "pilot-grid.csv", index=False)
+    (args.out / "pilot-grid.md").write_text(markdown(grid))
+    plot(curves, args.out / "pilot-curves.png")
+    print(markdown(grid))
+    for difficulty in ["easy", "hard"]:
+        pick = chosen(grid, difficulty)
+        print(f"{difficulty}:", "none passes" if pick is None else f"{pick.updates} updates per rollout")
+
+
+if __name__ == "__main__":
+    main()

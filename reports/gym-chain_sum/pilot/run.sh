@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The gym pilot (reports/gym-chain_sum.md, "Pilot"): GRPO on task=gym task.dataset=chain_sum at both difficulties x
+# three update settings, the study's budget (100 steps of 16 prompts x 8 answers, 12,800 samples), evaluated every 20
+# steps with 4 sampled answers a prompt, seeds 0 and 1 (12 runs), two at a time, one thread each, by
+# scripts/run_arms.sh in the current directory. Updates per rollout: 2 = the shipped 1 epoch x 2 minibatches at lr
+# 1e-5; 16 = 1 epoch x 16 minibatches of 8 answers at lr 2e-5 (the same compute); 64 = 4 epochs x 16 at lr 2e-5, the
+# step of +regime=off_policy (reports/off-policy-regime.md).
+HARD="'task.config={min_terms: 2, max_terms: 3, min_digits: 2, max_digits: 2}'"
+ARMS=()
+for difficulty in easy hard; do
+  config=""; [ $difficulty = hard ] && config=$HARD
+  ARMS+=("$difficulty-u2|algo=grpo $config"
+         "$difficulty-u16|algo=grpo $config trainer.epochs=1 trainer.minibatches=16 trainer.lr=2e-5"
+         "$difficulty-u64|algo=grpo $config trainer.epochs=4 trainer.minibatches=16 trainer.lr=2e-5")
+done
+COMMON="task=gym task.dataset=chain_sum trainer.steps=100 trainer.eval_every=20 eval.samples=4 trainer.threads=1 \
+tracking.experiment=gym-pilot" SEEDS="${SEEDS:-0 1}" \
+  exec bash "$(dirname "$0")/../../../scripts/run_arms.sh" "${ARMS[@]}"
