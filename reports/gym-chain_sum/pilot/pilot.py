@@ -2,12 +2,13 @@
 
     cd DIR && python reports/gym-chain_sum/pilot/pilot.py --out reports/gym-chain_sum/pilot
 
-Per run (arm = difficulty-u<updates per rollout>, from ``trainer.output_dir``): the base's step-0 and the final greedy
-and sampled accuracy and the final sampled accuracy's evaluation SE (``eval/accuracy_sampled_se``). Per cell: the
-sampled gain (final − step 0, paired by seed) and its verdict, σ (the larger of the seeds' std of the final and the
-mean evaluation SE), the MDE a 5-seed paired comparison of two arms would have (√2·σ/√5 as its SE, 4 degrees of
-freedom, 80% power at α 0.05: ``rlx_cli.studies.stats.detectable``) and the rule: gain ≥ 3 × MDE. Writes
-pilot-per-run.csv, pilot-grid.csv, pilot-grid.md and pilot-curves.png to --out.
+Per run (arm = <difficulty>-u<updates per rollout>, from ``trainer.output_dir``; the difficulties are easy, hard and
+run.sh's curriculum levels): the base's step-0 and the final greedy and sampled accuracy and the final sampled
+accuracy's evaluation SE (``eval/accuracy_sampled_se``). Per cell: the sampled gain (final − step 0, paired by seed)
+and its verdict, σ (the larger of the seeds' std of the final and the mean evaluation SE), the MDE a 5-seed paired
+comparison of two arms would have (√2·σ/√5 as its SE, 4 degrees of freedom, 80% power at α 0.05:
+``rlx_cli.studies.stats.detectable``) and the rule: gain ≥ 3 × MDE. Writes pilot-per-run.csv, pilot-curves.csv,
+pilot-grid.csv, pilot-grid.md and pilot-curves.png to --out.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def cells(per_run: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (difficulty, updates), g in per_run.groupby(["difficulty", "updates"], sort=True):
         gain = g.sampled_final - g.sampled_base
-        sigma = max(std(list(g.sampled_final)), g.sampled_final_se.mean())
+        sigma = pd.Series([std(list(g.sampled_final)), g.sampled_final_se.mean()]).max()  # one seed: its SE
         mde = detectable(math.sqrt(2) * sigma / math.sqrt(STUDY_SEEDS), STUDY_SEEDS - 1)
         called = verdict(list(g.sampled_final), list(g.sampled_base), margin=0.02)
         rows.append(
@@ -94,15 +95,23 @@ def markdown(grid: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def difficulties_of(names: pd.Series) -> list[str]:
+    """The difficulties in the order the report reads them: the study's halves, then the curriculum's levels."""
+    found = set(names.str.split("-u").str[0])
+    return [d for d in ["easy", "hard"] if d in found] + sorted(found - {"easy", "hard"})
+
+
 def plot(curves: pd.DataFrame, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), constrained_layout=True, sharex=True)
-    for ax, difficulty in zip(axes, ["easy", "hard"], strict=True):
-        for arm, g in curves[curves.arm.str.startswith(difficulty)].groupby("arm"):
+    difficulties = difficulties_of(curves.arm)
+    fig, axes = plt.subplots(1, len(difficulties), figsize=(5.5 * len(difficulties), 4.2), constrained_layout=True,
+                             sharex=True, squeeze=False)  # fmt: skip
+    for ax, difficulty in zip(axes[0], difficulties, strict=True):
+        for arm, g in curves[curves.arm.str.startswith(f"{difficulty}-u")].groupby("arm"):
             mean = g.groupby("step").value.mean()
             line = ax.plot(mean.index, mean.values, marker="o", label=f"{arm.split('-u')[1]} updates (mean)")[0]
             for _, s in g.groupby("seed"):
@@ -128,7 +137,7 @@ def main() -> None:
     (args.out / "pilot-grid.md").write_text(markdown(grid))
     plot(curves, args.out / "pilot-curves.png")
     print(markdown(grid))
-    for difficulty in ["easy", "hard"]:
+    for difficulty in difficulties_of(grid.difficulty):
         pick = chosen(grid, difficulty)
         print(f"{difficulty}:", "none passes" if pick is None else f"{pick.updates} updates per rollout")
 
