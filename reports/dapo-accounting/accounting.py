@@ -1,0 +1,81 @@
+"""DAPO's sample accounting (reports/dapo-accounting.md), from the MLflow store of run.sh's directory.
+
+    cd DIR && python reports/dapo-accounting/accounting.py --out reports/dapo-accounting
+
+Per run, from the per-step ``train/draws`` and ``train/groups_kept`` and the last ``perf/samples``: the steps, the
+answers drawn, the sampling passes, the steps that needed more than one, the groups drawn, kept (used in a batch or
+carried on) and dropped. Per arm: the means over seeds and the answers drawn per step against GRPO's. Writes
+accounting-per-run.csv and accounting.md to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pandas as pd
+
+EXPERIMENT = "dapo-accounting"
+
+
+def runs(uri: str) -> pd.DataFrame:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    rows = []
+    for run in client.search_runs([experiment.experiment_id]):
+        if run.info.status != "FINISHED":
+            continue
+        name = Path(run.data.params["trainer.output_dir"]).name  # e.g. dapo_carry-s3
+        arm, seed = name.rsplit("-s", 1)
+        prompts = int(run.data.params["rollout.prompts_per_step"])
+        history = lambda key: [m.value for m in client.get_metric_history(run.info.run_id, key)]  # noqa: E731
+        draws, kept = history("train/draws"), history("train/groups_kept")
+        rows.append(
+            {
+                "arm": arm, "seed": int(seed), "steps": len(draws), "samples": run.data.metrics["perf/samples"],
+                "draws": sum(draws), "refill_steps": sum(d > 1 for d in draws),
+                "groups_drawn": prompts * sum(draws), "groups_kept": sum(kept),
+                "groups_dropped": prompts * sum(draws) - sum(kept), "run_id": run.info.run_id,
+            }
+        )  # fmt: skip
+    return pd.DataFrame(rows).sort_values(["arm", "seed"]).reset_index(drop=True)
+
+
+def arms(per_run: pd.DataFrame, baseline: str = "grpo") -> pd.DataFrame:
+    table = per_run.groupby("arm")[["steps", "samples", "draws", "refill_steps", "groups_drawn", "groups_kept",
+                                    "groups_dropped"]].mean()  # fmt: skip
+    per_step = table.samples / table.steps
+    table["samples_per_step_vs_baseline"] = per_step / per_step[baseline]
+    table["dropped_share"] = table.groups_dropped / table.groups_drawn
+    return table
+
+
+def markdown(table: pd.DataFrame) -> str:
+    head = "| arm | steps | answers drawn | × GRPO's a step | sampling passes | steps with a refill | groups drawn | kept | dropped (share) |"  # noqa: E501
+    lines = [head, "|" + " --- |" * 9]
+    for arm, r in table.iterrows():
+        lines.append(
+            f"| {arm} | {r.steps:.0f} | {r.samples:,.0f} | {r.samples_per_step_vs_baseline:.2f} | {r.draws:.1f} | "
+            f"{r.refill_steps:.1f} | {r.groups_drawn:,.0f} | {r.groups_kept:,.1f} | "
+            f"{r.groups_dropped:,.1f} ({100 * r.dropped_share:.1f}%) |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--uri", default="sqlite:///mlflow.db")
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args()
+    per_run = runs(args.uri)
+    table = arms(per_run)
+    args.out.mkdir(parents=True, exist_ok=True)
+    per_run.to_csv(args.out / "accounting-per-run.csv", index=False)
+    (args.out / "accounting.md").write_text(markdown(table))
+    print(markdown(table))
+
+
+if __name__ == "__main__":
+    main()
