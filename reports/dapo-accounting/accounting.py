@@ -30,8 +30,10 @@ def runs(uri: str) -> pd.DataFrame:
         name = Path(run.data.params["trainer.output_dir"]).name  # e.g. dapo_carry-s3
         arm, seed = name.rsplit("-s", 1)
         prompts = int(run.data.params["rollout.prompts_per_step"])
-        history = lambda key: [m.value for m in client.get_metric_history(run.info.run_id, key)]  # noqa: E731
-        draws, kept = history("train/draws"), history("train/groups_kept")
+        draws, kept = (
+            [m.value for m in client.get_metric_history(run.info.run_id, key)]
+            for key in ("train/draws", "train/groups_kept")
+        )
         rows.append(
             {
                 "arm": arm, "seed": int(seed), "steps": len(draws), "samples": run.data.metrics["perf/samples"],

@@ -37,9 +37,9 @@ def runs(uri: str) -> tuple[pd.DataFrame, pd.DataFrame]:
         name = Path(run.data.params["trainer.output_dir"]).name  # e.g. easy-u16-s1
         arm, seed = name.rsplit("-s", 1)
         difficulty, updates = arm.split("-u")
-        history = lambda key: {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}  # noqa: E731
-        greedy, sampled, sampled_se = history("eval/accuracy"), history("eval/accuracy_sampled"), history(
-            "eval/accuracy_sampled_se"
+        greedy, sampled, sampled_se = (
+            {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+            for key in ("eval/accuracy", "eval/accuracy_sampled", "eval/accuracy_sampled_se")
         )
         last = max(sampled)
         rows.append(
