@@ -1,6 +1,7 @@
 """DAPO's sample accounting (reports/dapo-accounting.md), from the MLflow store of run.sh's directory.
 
     cd DIR && python reports/dapo-accounting/accounting.py --out reports/dapo-accounting
+    # the store: $MLFLOW_TRACKING_URI, default ./mlflow.db (as for rlx report)
 
 Per run, from the per-step ``train/draws`` and ``train/groups_kept`` and the last ``perf/samples``: the steps, the
 answers drawn, the sampling passes, the steps that needed more than one, the groups drawn, kept (used in a batch or
@@ -18,22 +19,16 @@ import pandas as pd
 EXPERIMENT = "dapo-accounting"
 
 
-def runs(uri: str) -> pd.DataFrame:
-    from mlflow.tracking import MlflowClient
+def runs() -> pd.DataFrame:
+    from rlx_cli.studies.runs import connect, histories, load_runs
 
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(EXPERIMENT)
+    found = load_runs(EXPERIMENT, None)
+    logged = histories(connect()[1], found, ["train/draws", "train/groups_kept"])
     rows = []
-    for run in client.search_runs([experiment.experiment_id]):
-        if run.info.status != "FINISHED":
-            continue
-        name = Path(run.data.params["trainer.output_dir"]).name  # e.g. dapo_carry-s3
-        arm, seed = name.rsplit("-s", 1)
+    for run in found:
+        arm, seed = Path(run.data.params["trainer.output_dir"]).name.rsplit("-s", 1)  # e.g. dapo_carry-s3
         prompts = int(run.data.params["rollout.prompts_per_step"])
-        draws, kept = (
-            [m.value for m in client.get_metric_history(run.info.run_id, key)]
-            for key in ("train/draws", "train/groups_kept")
-        )
+        draws, kept = ([v for _, v in logged[run.info.run_id, key]] for key in ("train/draws", "train/groups_kept"))
         rows.append(
             {
                 "arm": arm, "seed": int(seed), "steps": len(draws), "samples": run.data.metrics["perf/samples"],
@@ -68,10 +63,9 @@ def markdown(table: pd.DataFrame) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--uri", default="sqlite:///mlflow.db")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
-    per_run = runs(args.uri)
+    per_run = runs()
     table = arms(per_run)
     args.out.mkdir(parents=True, exist_ok=True)
     per_run.to_csv(args.out / "accounting-per-run.csv", index=False)

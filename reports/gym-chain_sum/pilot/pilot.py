@@ -1,6 +1,7 @@
 """The gym pilot's table (reports/gym-chain_sum.md, "Pilot"), from the MLflow store of run.sh's directory.
 
     cd DIR && python reports/gym-chain_sum/pilot/pilot.py --out reports/gym-chain_sum/pilot
+    # the store: $MLFLOW_TRACKING_URI, default ./mlflow.db (as for rlx report)
 
 Per run (arm = <difficulty>-u<updates per rollout>, from ``trainer.output_dir``; the difficulties are easy, hard and
 run.sh's curriculum levels): the base's step-0 and the final greedy and sampled accuracy and the final sampled
@@ -24,21 +25,18 @@ STUDY_SEEDS = 5  # the study the MDE is for
 COST = {2: 1, 16: 1, 64: 4}  # updates per rollout -> backward passes over each rollout batch (epochs)
 
 
-def runs(uri: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+def runs() -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per run, the sampled accuracy curves: arm, seed, step, value)."""
-    from mlflow.tracking import MlflowClient
+    from rlx_cli.studies.runs import connect, histories, load_runs
 
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(EXPERIMENT)
+    found = load_runs(EXPERIMENT, None)
+    logged = histories(connect()[1], found, ["eval/accuracy", "eval/accuracy_sampled", "eval/accuracy_sampled_se"])
     rows, curves = [], []
-    for run in client.search_runs([experiment.experiment_id]):
-        if run.info.status != "FINISHED":
-            continue
-        name = Path(run.data.params["trainer.output_dir"]).name  # e.g. easy-u16-s1
-        arm, seed = name.rsplit("-s", 1)
+    for run in found:
+        arm, seed = Path(run.data.params["trainer.output_dir"]).name.rsplit("-s", 1)  # e.g. easy-u16-s1
         difficulty, updates = arm.split("-u")
         greedy, sampled, sampled_se = (
-            {m.step: m.value for m in client.get_metric_history(run.info.run_id, key)}
+            dict(logged[run.info.run_id, key])
             for key in ("eval/accuracy", "eval/accuracy_sampled", "eval/accuracy_sampled_se")
         )
         last = max(sampled)
@@ -125,10 +123,9 @@ def plot(curves: pd.DataFrame, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--uri", default="sqlite:///mlflow.db")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
-    per_run, curves = runs(args.uri)
+    per_run, curves = runs()
     grid = cells(per_run)
     args.out.mkdir(parents=True, exist_ok=True)
     per_run.to_csv(args.out / "pilot-per-run.csv", index=False)
