@@ -106,18 +106,24 @@ def plot(curves: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     difficulties = difficulties_of(curves.arm)
-    fig, axes = plt.subplots(1, len(difficulties), figsize=(5.5 * len(difficulties), 4.2), constrained_layout=True,
-                             sharex=True, squeeze=False)  # fmt: skip
-    for ax, difficulty in zip(axes[0], difficulties, strict=True):
-        for arm, g in curves[curves.arm.str.startswith(f"{difficulty}-u")].groupby("arm"):
+    rows = math.ceil(len(difficulties) / 2)
+    fig, axes = plt.subplots(rows, 2, figsize=(11, 4.2 * rows), constrained_layout=True, squeeze=False)
+    colors = {2: "tab:orange", 16: "tab:blue", 64: "tab:green"}  # one colour per update setting in every panel
+    for ax, difficulty in zip(axes.flat, difficulties, strict=False):
+        for updates, color in colors.items():
+            g = curves[curves.arm == f"{difficulty}-u{updates}"]
+            if g.empty:
+                continue
             mean = g.groupby("step").value.mean()
-            line = ax.plot(mean.index, mean.values, marker="o", label=f"{arm.split('-u')[1]} updates (mean)")[0]
-            for _, s in g.groupby("seed"):
-                ax.plot(s.step, s.value, color=line.get_color(), alpha=0.3, lw=0.8)
+            ax.plot(mean.index, mean.values, marker="o", color=color, label=f"{updates} updates a rollout (mean)")
+            for _, seed in g.groupby("seed"):
+                ax.plot(seed.step, seed.value, color=color, alpha=0.3, lw=0.8)
         ax.set_title(f"GRPO on chain_sum, {difficulty}")
         ax.set_xlabel("step (128 samples each)")
         ax.set_ylabel("sampled accuracy (4 answers a prompt)")
         ax.legend()
+    for ax in axes.flat[len(difficulties) :]:
+        ax.set_visible(False)
     fig.savefig(path, dpi=110)
 
 
