@@ -25,11 +25,11 @@ STUDY_SEEDS = 5  # the study the MDE is for
 COST = {2: 1, 16: 1, 64: 4}  # updates per rollout -> backward passes over each rollout batch (epochs)
 
 
-def runs() -> tuple[pd.DataFrame, pd.DataFrame]:
+def runs(experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(one row per run, the sampled accuracy curves: arm, seed, step, value)."""
     from rlx_cli.studies.runs import connect, histories, load_runs
 
-    found = load_runs(EXPERIMENT, None)
+    found = load_runs(experiment, None)
     logged = histories(connect()[1], found, ["eval/accuracy", "eval/accuracy_sampled", "eval/accuracy_sampled_se"])
     rows, curves = [], []
     for run in found:
@@ -130,8 +130,9 @@ def plot(curves: pd.DataFrame, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
+    parser.add_argument("--experiment", default=EXPERIMENT, help="gym-pilot-long: run.sh long's runs")
     args = parser.parse_args()
-    per_run, curves = runs()
+    per_run, curves = runs(args.experiment)
     grid = cells(per_run)
     args.out.mkdir(parents=True, exist_ok=True)
     per_run.to_csv(args.out / "pilot-per-run.csv", index=False)

@@ -6,7 +6,8 @@
 # 1e-5; 16 = 1 epoch x 16 minibatches of 8 answers at lr 2e-5 (the same compute); 64 = 4 epochs x 16 at lr 2e-5, the
 # step of +regime=off_policy (reports/off-policy-regime.md). With the argument "levels", the second stage instead:
 # reasoning-gym's curriculum levels level00 (2 terms of 1 digit) and level11 (2-3 terms of 1-2 digits), each with its
-# own base, at 16 and 64 updates per rollout (8 runs).
+# own base, at 16 and 64 updates per rollout (8 runs). With "long", the third stage: the easy half at 64 updates per
+# rollout for twice the budget (200 steps, 25,600 samples), its own experiment gym-pilot-long (2 runs).
 config() {
   case $1 in
     easy) echo "" ;;
@@ -16,7 +17,12 @@ config() {
   esac
 }
 ARMS=()
-if [ "${1:-}" = levels ]; then DIFFICULTIES="level00 level11" UPDATES="16 64"; else DIFFICULTIES="easy hard" UPDATES="2 16 64"; fi
+STEPS=100 EXPERIMENT=gym-pilot
+case "${1:-}" in
+  levels) DIFFICULTIES="level00 level11" UPDATES="16 64" ;;
+  long) DIFFICULTIES=easy UPDATES=64 STEPS=200 EXPERIMENT=gym-pilot-long ;;
+  *) DIFFICULTIES="easy hard" UPDATES="2 16 64" ;;
+esac
 for difficulty in $DIFFICULTIES; do
   for updates in $UPDATES; do
     case $updates in 2) layout="" ;;
@@ -25,6 +31,6 @@ for difficulty in $DIFFICULTIES; do
     ARMS+=("$difficulty-u$updates|algo=grpo $(config $difficulty) $layout")
   done
 done
-COMMON="task=gym task.dataset=chain_sum trainer.steps=100 trainer.eval_every=20 eval.samples=4 trainer.threads=1 \
-tracking.experiment=gym-pilot" SEEDS="${SEEDS:-0 1}" \
+COMMON="task=gym task.dataset=chain_sum trainer.steps=$STEPS trainer.eval_every=20 eval.samples=4 trainer.threads=1 \
+tracking.experiment=$EXPERIMENT" SEEDS="${SEEDS:-0 1}" \
   exec bash "$(dirname "$0")/../../../scripts/run_arms.sh" "${ARMS[@]}"
