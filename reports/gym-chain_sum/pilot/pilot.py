@@ -106,8 +106,9 @@ def plot(curves: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     difficulties = difficulties_of(curves.arm)
-    rows = math.ceil(len(difficulties) / 2)
-    fig, axes = plt.subplots(rows, 2, figsize=(11, 4.2 * rows), constrained_layout=True, squeeze=False)
+    cols = min(2, len(difficulties))
+    rows = math.ceil(len(difficulties) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.2 * rows), constrained_layout=True, squeeze=False)
     colors = {2: "tab:orange", 16: "tab:blue", 64: "tab:green"}  # one colour per update setting in every panel
     for ax, difficulty in zip(axes.flat, difficulties, strict=False):
         for updates, color in colors.items():
