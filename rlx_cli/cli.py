@@ -178,7 +178,10 @@ def report(
     ),
     alpha: float = typer.Option(0.05, "--alpha", help="--stats: the family-wise level of the verdicts (Holm)."),
     lower_is_better: bool = typer.Option(
-        False, "--lower-is-better", "--minimize", help="Lower is better (losses, KLs and perf/*_s are known to be)."
+        False, "--lower-is-better", "--minimize", help="Lower is better (by default for *loss*, *kl and perf/*_s)."
+    ),
+    higher_is_better: bool = typer.Option(
+        False, "--higher-is-better", "--maximize", help="Higher is better (the default, but for losses, KLs, times)."
     ),
     runs: Path = typer.Option(
         None, "--runs", help="Rebuild the table from a *-runs.csv that --out wrote (no MLflow store needed)."
@@ -211,9 +214,12 @@ def report(
     """
     from rlx_cli.studies.report import report_command
 
+    if lower_is_better and higher_is_better:
+        raise UserError("--lower-is-better and --higher-is-better contradict each other (valid: one, or neither)")
+    direction = "lower" if lower_is_better else ("higher" if higher_is_better else None)
     text = report_command(
         experiment=experiment, study=study, metric=metric, baseline=baseline, reduce_by=reduce, k=k, fmt=fmt,
-        out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, lower_is_better=lower_is_better,
+        out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, direction=direction,
         seeds=seeds, arm_names=arm, fit=fit, power=power, x=x, fit_from=fit_from, runs=runs, margin=margin, alpha=alpha,
     )  # fmt: skip
     if out is None:

@@ -10,7 +10,8 @@ import pytest
 from conftest import SHORT, mlflow_runs, rlx, table_rows
 
 from rlx_cli.config.errors import UserError
-from rlx_cli.studies import stats
+from rlx_cli.studies import power
+from rlx_cli.studies.comparison import compare, of_values
 from rlx_cli.studies.report import report_command
 from rlx_cli.studies.report_format import latex_escape
 from rlx_cli.studies.run_records import reduce
@@ -124,14 +125,15 @@ def test_reduce_of_one_history():
 
 def test_stats_columns(store):
     table = pd.read_csv(io.StringIO(report_command(experiment="ablation", fmt="csv", with_stats=True)))
-    expected_p = stats.welch([0.4, 0.5], [0.5, 0.6, 0.7])[2]  # seeds 0, 1 against 0, 1, 2: not paired
+    expected_p = of_values([0.4, 0.5], [0.5, 0.6, 0.7], paired=False, margin=0.02).p  # seeds 0, 1 against 0, 1, 2
     assert table["test"].iloc[1] == "Welch" and table["p_value"].iloc[1] == pytest.approx(expected_p)
-    assert table["p_holm"].iloc[1] == pytest.approx(expected_p)  # the only arm with a test: m = 1
+    assert table["p_holm"].iloc[1] == pytest.approx(expected_p)  # the only arm with a test: t = 1
     assert math.isnan(table["p_value"].iloc[0]) and math.isnan(table["p_value"].iloc[2])  # baseline; n = 1
     assert table["ci_low"].iloc[1] <= -0.15 <= table["ci_high"].iloc[1] and table["detectable"].iloc[1] > 0.15
     text = report_command(experiment="ablation", with_stats=True)
-    assert [r[4] for r in table_rows(text)] == ["", "Welch", "–"] and "95% CI of Δ" in text  # n = 1: no test
-    assert f"{expected_p:.3f}" in text and "- p (Holm): p adjusted for comparing 1 arm with" in text
+    assert [r[4] for r in table_rows(text)] == ["", "Welch", "–"] and "interval of Δ" in text  # n = 1: no test
+    assert f"{expected_p:.3f}" in text and "- p (Holm): p adjusted for the table: Holm's step-down over the 2" in text
+    assert [r[9] for r in table_rows(text)] == ["–", "95%", "–"]  # the interval's level: 1 - α, one arm judged
 
 
 # arm -> {seed: final eval/accuracy}: the first shares the baseline's seeds (paired), the second does not (Welch)
@@ -165,21 +167,26 @@ def test_stats_are_paired_on_shared_seeds_welch_otherwise_with_holm_and_mde(pair
     paired, welch = scipy_stats.ttest_rel(clip, base), scipy_stats.ttest_ind(token, base, equal_var=False)
     assert table["test"].tolist()[1:] == ["paired", "Welch"]
     assert table["p_value"].tolist()[1:] == pytest.approx([float(paired.pvalue), float(welch.pvalue)], abs=1e-9)
-    assert [table["ci_low"].iloc[1], table["ci_high"].iloc[1]] == pytest.approx(list(paired.confidence_interval()))
-    assert [table["ci_low"].iloc[2], table["ci_high"].iloc[2]] == pytest.approx(list(welch.confidence_interval()))
-    assert table["p_holm"].tolist()[1:] == pytest.approx(stats.holm([float(paired.pvalue), float(welch.pvalue)]))
-    expected = stats.compare(dict(zip("0123", clip)), dict(zip("0123", base))).detectable
-    assert table["detectable"].iloc[1] == pytest.approx(expected)
+    # both inconclusive: the two-sided interval at the level the step-down stopped at, α / 2 arms: 97.5%
+    assert table["ci_level"].tolist()[1:] == pytest.approx([0.975, 0.975])
+    assert [table["ci_low"].iloc[1], table["ci_high"].iloc[1]] == pytest.approx(list(paired.confidence_interval(0.975)))
+    assert [table["ci_low"].iloc[2], table["ci_high"].iloc[2]] == pytest.approx(list(welch.confidence_interval(0.975)))
+    # Holm-Shaffer over 4 hypotheses, 2 arms: the paired arm's p 0.032 first, times the 2 arms holding one: 0.064
+    assert table["p_holm"].iloc[1] == pytest.approx(2 * float(paired.pvalue))
+    # its MDE at the level it was judged at: the step stopped at α / 2
+    se = float(scipy_stats.tstd([c - b for c, b in zip(clip, base)])) / 2
+    assert table["detectable"].iloc[1] == pytest.approx(power.detectable(se, 3, level=0.025))
 
     text = report_command(study="p", with_stats=True)
     rows = table_rows(text)
     assert [r[4] for r in rows] == ["", "paired", "Welch"]  # the test column says which test each row used
-    assert text.count("\n- ") == 11 and "- MDE (80%): minimum detectable effect" in text  # a legend line per column
+    assert text.count("\n- ") == 13 and "- MDE (80%): minimum detectable effect" in text  # a legend line per column
 
     planning = report_command(study="p", power=0.02)
     rows = table_rows(planning)
     sigma = float(scipy_stats.tstd([c - b for c, b in zip(clip, base)]))
-    needed = stats.seeds_needed(0.02, (sigma**2,))
+    # at the level of the table's first step, α / 2 arms, from the 70% upper bound of the pilot's variance
+    needed = power.seeds_needed(0.02, power.planned_variances((sigma**2,), 3), alpha=0.025)
     assert rows[0][:4] == ["vapo +ablate=no_clip_higher", "4", "paired", f"{sigma:.3f}"] and rows[0][5] == str(needed)
     assert rows[1][2] == "Welch" and f"every arm: {max(needed, int(rows[1][5]))} seeds each" in planning
     assert "seeds for Δ = 0.020" in planning and "σ of a one-seed Δ:" in planning
@@ -204,7 +211,7 @@ def test_arm_keeps_only_the_arms_named_in_study_order(store):
     text = report_command(experiment="ablation", arm_names=["+ablate=no_clip_higher", "vapo"], with_stats=True)
     rows = table_rows(text)
     assert [r[0] for r in rows] == ["vapo", "vapo +ablate=no_clip_higher"] and rows[1][3] == "-0.150"
-    assert "adjusted for comparing 1 arm with the baseline" in text  # Holm over the arms shown
+    assert "over the 2 hypotheses of the 1 arm compared" in text  # Holm over the arms shown
     named = report_command(experiment="ablation", arm_names=["+ablate=no_clip_higher"], baseline="vapo")
     assert [r[0] for r in table_rows(named)] == ["vapo", "vapo +ablate=no_clip_higher"]  # the baseline joins
     with pytest.raises(UserError, match=r"--arm 'ppo' matches 0 arms \(valid: vapo; vapo \+ablate=no_clip_higher"):
@@ -212,7 +219,7 @@ def test_arm_keeps_only_the_arms_named_in_study_order(store):
 
 
 def test_minimize_bolds_the_smallest(store):
-    rows = table_rows(report_command(experiment="ablation", lower_is_better=True))
+    rows = table_rows(report_command(experiment="ablation", direction="lower"))
     assert rows[2][1] == "**0.300 ± –**" and not rows[0][1].startswith("**")
 
 
@@ -327,7 +334,7 @@ def test_a_delta_prints_at_its_columns_precision():
     assert mean_std(float("nan"), float("nan")) == "–"  # an arm that does not log the metric
     assert num(0.000833) == "0.000833"  # on its own: 3 significant figures below 0.001
     assert num(2e-6, 1e-5) == "2e-06"  # a column of small values (learning rates) keeps its figures
-    assert num(12345.0, 12345.0) == "1.23e+04"
+    assert num(12345.0, 12345.0) == "12,345"  # counts (samples drawn) as whole numbers
 
 
 def test_verdicts_are_labelled_on_holm_adjusted_p_and_tost(paired_uri, monkeypatch):
@@ -341,20 +348,27 @@ def test_verdicts_are_labelled_on_holm_adjusted_p_and_tost(paired_uri, monkeypat
 
     wide = table(margin=0.1)
     assert wide["p_value"].iloc[1] == pytest.approx(0.031874195, abs=1e-8)
+    # one family of 4 hypotheses: TOST's 0.0021 first (x 2 arms), then Δ = 0's 0.032 (x 2: the arm's Δ = 0 and the
+    # other arm's two are left, one an arm at most true)
     assert wide["p_holm"].iloc[1] == pytest.approx(2 * 0.031874195, abs=1e-8)
     assert wide["p_equivalent"].iloc[1] == pytest.approx(0.0021100749, abs=1e-9)
-    assert wide["p_equivalent_holm"].tolist()[1:] == pytest.approx(stats.holm(wide["p_equivalent"].tolist()[1:]))
+    assert wide["p_equivalent_holm"].iloc[1] == pytest.approx(2 * 0.0021100749, abs=1e-9)
     assert wide["verdict"].tolist()[1:] == ["equivalent", "inconclusive"]
+    assert wide["ci_level"].iloc[1] == pytest.approx(0.95)  # TOST at α/2: its 1 - 2 · 0.025 interval
     base = list(PAIRED["algo=grpo"].values())
-    welch = stats.compare(dict(zip("014", PAIRED["algo=grpo +ablate=no_token_loss"].values())), dict(zip("0123", base)))
-    assert wide["seeds_needed"].iloc[2] == stats.seeds_needed(max(abs(welch.delta), 0.1), welch.variances)
+    welch = compare(dict(zip("014", PAIRED["algo=grpo +ablate=no_token_loss"].values())), dict(zip("0123", base)),
+                    margin=0.1)  # fmt: skip
+    expected = power.seeds_to_decide(welch.delta, welch.variances, welch.n, welch.df, margin=0.1, level=0.025)
+    assert wide["seeds_needed"].iloc[2] == expected > 3
     assert table(margin=0.05)["verdict"].tolist()[1:] == ["inconclusive", "inconclusive"]
     assert table(margin=0.05, alpha=0.1)["verdict"].iloc[1] == "worse"
     text = report_command(study="p", with_stats=True, margin=0.1, alpha=0.1)
     assert "verdicts at α = 0.1 against a margin δ = 0.100 in eval/accuracy's units, higher is better" in text
-    verdicts = [row[9] for row in table_rows(text)]  # p_holm 0.064 < 0.1: worse comes first, though within ±0.1
-    assert "90% CI of Δ" in text and verdicts[1] == "worse" and verdicts[2].startswith("inconclusive (")
+    verdicts = [row[11] for row in table_rows(text)]  # p_holm 0.064 < 0.1 and TOST's 0.0042: worse, within ±0.1
+    assert verdicts[1] == "worse (within δ)" and verdicts[2].startswith("inconclusive (")
     with pytest.raises(UserError, match=r"--margin 0.0 is not valid \(valid: > 0"):
         report_command(study="p", margin=0.0)
     with pytest.raises(UserError, match=r"--alpha 1.0 is not valid"):
         report_command(study="p", alpha=1.0)
+    with pytest.raises(UserError, match=r"--alpha 0.5 is not valid \(valid: above 0 and below 0.5"):
+        report_command(study="p", alpha=0.5)

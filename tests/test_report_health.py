@@ -74,8 +74,9 @@ def test_health_flags_and_eval_se_beside_the_verdicts(health_uri, monkeypatch, t
         "grpo trainer.lr=1.0": "diverged",
     }
     assert rows["grpo"][se] == "0.020" and rows["grpo trainer.lr=1.0"][1:4] == ["–", "0", "–"]  # no FINISHED run
-    # Δ -0.68 from per-seed differences -0.62, -0.74: t = 11.3 with 1 df, p = 0.056; 3 seeds find it (df 2)
-    assert rows["grpo trainer.lr=0.1"][headers.index("verdict")] == "inconclusive (3 seeds)"
+    # Δ -0.68 from per-seed differences -0.62, -0.74: t = 11.3 with 1 df, p = 0.056; planned at the level the step-down
+    # stopped at, from the 70% upper bound of a 1-df variance (6.7 times the seeds'), 5 seeds find it
+    assert rows["grpo trainer.lr=0.1"][headers.index("verdict")] == "inconclusive (5 seeds)"
     assert (
         "health of grpo trainer.lr=0.1: collapsed (seed 0: eval/accuracy 0.900 → 0.300 (2 SE = 0.057), "
         "seed 1: eval/accuracy 0.900 → 0.200 (2 SE = 0.057))"

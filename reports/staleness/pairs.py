@@ -5,8 +5,9 @@
 Reads a ``*-runs.csv`` that ``rlx report --out`` wrote for the study's ten arms (``grpo rollout.lag=K
 trainer.old_logp=sampler``: naive; ``grpo rollout.lag=K rollout_correction=tis trainer.old_logp=trainer``:
 decoupled) and prints, per lag, both arms' mean ± std of the table's metric, Δ = decoupled − naive, the paired
-t-test's p, Holm's p over the lags, the 95% interval of Δ and the verdict (better, worse, equivalent within ±0.02,
-inconclusive with the seeds that would decide it), as ``rlx report --stats`` labels a table's arms.
+t-test's p, the p-values adjusted over the lags, the interval of Δ that decided the verdict and its level, and the
+verdict (better, worse, equivalent within ±0.02, inconclusive with the seeds that would decide it), as
+``rlx report --stats`` judges a table's arms (``stats.judge``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import sys
 import pandas as pd
 
 from rlx_cli.studies import stats
-from rlx_cli.studies.report_table import Judging, judge
+from rlx_cli.studies.comparison import compare, mean, std
+from rlx_cli.studies.report_format import p_value, percent, verdict_cell
 
 MARGIN = 0.02
 
@@ -36,28 +38,24 @@ def pair_table(path: str) -> str:
     runs = pd.read_csv(path)
     metric = runs.columns[3]  # arm, seed, run_id, then the table's metric
     lags = per_lag(runs, metric)
-    tests = {lag: stats.compare(arms["decoupled"], arms["naive"], level=0.95) for lag, arms in sorted(lags.items())}
-    table = pd.DataFrame(
-        {"arm": list(tests), "delta": [t.delta for t in tests.values()], "p_value": [t.p for t in tests.values()],
-         "p_equivalent": [stats.equivalence_p(t, MARGIN) for t in tests.values()]}
-    )  # fmt: skip
-    judge(table, tests, Judging(margin=MARGIN))  # Holm over the lags, then rlx report's verdict and seeds
+    tests = {lag: compare(arms["decoupled"], arms["naive"], margin=MARGIN) for lag, arms in sorted(lags.items())}
+    judging = stats.Judging(margin=MARGIN)
+    verdicts = stats.judge({lag: (t, 0) for lag, t in tests.items()}, judging)  # one family over the lags
     lines = [
         f"{metric}, decoupled (trainer.old_logp=trainer + TIS) against naive (trainer.old_logp=sampler) at each lag, "
-        f"paired by seed, Holm over {len(tests)} lags, δ = {MARGIN} ({path})",
+        f"paired by seed, one family over {len(tests)} lags (rlx report --stats's verdicts), δ = {MARGIN} ({path})",
         "",
-        "| lag | naive | decoupled | Δ | p | p (Holm) | 95% CI of Δ | verdict |",
-        "|---:|---:|---:|---:|---:|---:|---:|:---|",
+        "| lag | naive | decoupled | Δ | p | p (Holm) | TOST p (Holm) | interval of Δ | level | verdict |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|",
     ]
-    for row in table.itertuples():
-        test, said = tests[row.arm], row.verdict
-        if said == "inconclusive":
-            said += f" ({row.seeds_needed} seeds)"
-        naive, decoupled = (list(lags[row.arm][k].values()) for k in ("naive", "decoupled"))
+    for lag, v in verdicts.items():
+        naive, decoupled = (list(lags[lag][k].values()) for k in ("naive", "decoupled"))
+        cell = verdict_cell({"verdict": v.label, "within_margin": v.within, "seeds_needed": v.seeds_needed,
+                             "why": v.why})  # fmt: skip
+        ps = " | ".join(p_value(p, judging.alpha) for p in (v.p, v.p_adjusted, v.p_equivalent_adjusted))
         lines.append(
-            f"| {row.arm} | {stats.mean(naive):.3f} ± {stats.std(naive):.3f} | {stats.mean(decoupled):.3f} ± "
-            f"{stats.std(decoupled):.3f} | {test.delta:+.3f} | {test.p:.3f} | {row.p_holm:.3f} | "
-            f"[{test.low:+.3f}, {test.high:+.3f}] | {said} |"
+            f"| {lag} | {mean(naive):.3f} ± {std(naive):.3f} | {mean(decoupled):.3f} ± {std(decoupled):.3f} | "
+            f"{v.delta:+.3f} | {ps} | [{v.low:+.3f}, {v.high:+.3f}] | {percent(v.level)} | {cell} |"
         )
     return "\n".join(lines) + "\n"
 

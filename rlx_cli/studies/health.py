@@ -87,6 +87,15 @@ def arm_flags(runs: list[tuple[str, str, dict[str, float]]]) -> dict[str, list[s
     return {f: raised[f] for f in FLAGS if f in raised and (f == "diverged" or 2 * len(raised[f]) >= finished)}
 
 
+def cell(flags: dict[str, list[str]], runs: list[tuple[str, str, dict[str, float]]]) -> str:
+    """The health column: the arm's flags, else ``ok``, or ``not judged`` where a FINISHED run logged no evaluation
+    SE (``collapsed`` cannot be read then)."""
+    if flags:
+        return ", ".join(flags)
+    blind = any(status != "FAILED" and all(math.isnan(f[f"{m}_se end"]) for m in ACCURACIES) for _, status, f in runs)
+    return "not judged" if blind else "ok"
+
+
 def judged(runs: list[tuple[str, str, dict[str, float]]]) -> bool:
     """Whether anything the flags read is known of these runs (older reports' runs.csv carry no figures)."""
     return any(status == "FAILED" or any(not math.isnan(v) for v in f.values()) for _, status, f in runs)

@@ -23,9 +23,10 @@ import pandas as pd
 from rlx_cli.config.errors import UserError
 from rlx_cli.studies import compute_axis, health, report_format, run_records, scaling_report, stats
 from rlx_cli.studies.arms import Arm, common_overrides, default_baseline, group_arms, only_arms, pick_arm
-from rlx_cli.studies.report_table import Judging, build_table, known_lower_is_better, power_table
+from rlx_cli.studies.report_table import build_table, known_lower_is_better, power_table
 from rlx_cli.studies.run_records import RunRecord, reduced, se_metric
 from rlx_cli.studies.runs import connect, histories, load_failed, load_runs, only_seeds, seeds_of
+from rlx_cli.studies.stats import Judging
 from rlx_cli.studies.study import override_tokens
 
 REDUCE = ("last", "max", "mean_last_k", "mean_first_k")
@@ -35,6 +36,7 @@ DEFAULT_METRIC = "eval/accuracy"
 # the metric of the table rlx sweep and rlx ablate print at their end: the accuracy of what the policy samples, which
 # RL trains (the built-in bases answer greedily near 1.0 already); eval/accuracy where the runs lack it
 MAIN_METRICS = ("eval/accuracy_sampled", "eval/accuracy")
+DIRECTIONS = ("higher", "lower")  # --higher-is-better, --lower-is-better; neither: lower for losses, KLs, times
 STORE_OPTIONS = ("--experiment", "--study", "--fit", "--x", "--plots")  # what --runs cannot take: they need MLflow
 
 
@@ -46,6 +48,7 @@ class Asked:
     judging: Judging = field(default_factory=Judging)
     stats: bool = False
     power: float | None = None
+    direction: str | None = None  # "lower" | "higher" | None: by the metric's name
 
 
 def report_command(
@@ -61,7 +64,7 @@ def report_command(
     plots: Path | None = None,
     extra_metrics: str | None = None,
     with_stats: bool = False,
-    lower_is_better: bool = False,
+    direction: str | None = None,
     seeds: str | None = None,
     arm_names: list[str] | None = None,
     fit: str | None = None,
@@ -80,14 +83,14 @@ def report_command(
     samples. ``fit="entropy"``: instead, per arm the fit of R = −a·exp(H) + b to (train/entropy, ``metric``)
     (``entropy_fit.py``). ``power``: instead, the seeds each arm needs to detect a Δ of that size (planning).
     ``with_stats``: the tests and each arm's verdict at level ``alpha`` against ``margin`` (in the metric's units),
-    higher being better unless ``lower_is_better`` or the metric is known to be better lower. ``runs``: the table
-    rebuilt from the ``*-runs.csv`` a report wrote (``run_records``), without the MLflow store.
+    in the ``direction`` "lower" or "higher" is better, by default as the metric's name says (``DIRECTIONS``).
+    ``runs``: the table rebuilt from the ``*-runs.csv`` a report wrote (``run_records``), without the MLflow store.
     """
     from rlx_cli.studies import entropy_fit
 
-    check_options(reduce_by, fmt, k, fit, fit_from, x, power, margin, alpha)
+    check_options(reduce_by, fmt, k, fit, fit_from, x, power, margin, alpha, direction)
     extras = [m.strip() for m in (extra_metrics or "").split(",") if m.strip()]
-    asked = Asked(Judging(margin, alpha, lower_is_better), with_stats, power)
+    asked = Asked(Judging(margin, alpha), with_stats, power, direction)
     if runs is not None:
         given = dict(zip(STORE_OPTIONS, (experiment, study, fit, x, plots)))
         needs_store = next((option for option, value in given.items() if value is not None), None)
@@ -142,7 +145,7 @@ def study_report(study: str, folder: Path) -> tuple[str, list[Path]]:
 
 
 def check_options(reduce_by: str, fmt: str, k: int, fit: str | None, fit_from: float, x: str | None,
-                  power: float | None, margin: float, alpha: float) -> None:  # fmt: skip
+                  power: float | None, margin: float, alpha: float, direction: str | None) -> None:  # fmt: skip
     if reduce_by not in REDUCE:
         raise UserError(f"--reduce {reduce_by} is not valid (valid: {', '.join(REDUCE)})")
     if fmt not in FORMATS:
@@ -158,8 +161,11 @@ def check_options(reduce_by: str, fmt: str, k: int, fit: str | None, fit_from: f
         raise UserError(f"--power {power} is not valid (valid: the Δ to detect, > 0, in the metric's units, e.g. 0.02)")
     if not margin > 0:
         raise UserError(f"--margin {margin} is not valid (valid: > 0, in the metric's units, e.g. 0.02)")
-    if not 0 < alpha < 1:
-        raise UserError(f"--alpha {alpha} is not valid (valid: above 0 and below 1, e.g. 0.05)")
+    if not 0 < alpha < 0.5:
+        raise UserError(f"--alpha {alpha} is not valid (valid: above 0 and below 0.5, e.g. 0.05: TOST's one-sided "
+                        "tests need α < 0.5)")  # fmt: skip
+    if direction not in (None, *DIRECTIONS):
+        raise UserError(f"direction {direction} is not valid (valid: {', '.join(DIRECTIONS)})")
 
 
 def selected(experiment, study, metric: str, extras: list[str], seeds, arm_names, baseline, *, with_failed: bool):
@@ -193,13 +199,12 @@ class Tabled:
 
 def tabulate(arms: list[Arm], base: Arm, records: dict, context: report_format.Context, asked: Asked) -> Tabled:
     """The ablation table of ``records`` (or the planning one); a metric known to be better lower is judged so."""
-    judging = asked.judging
-    if known_lower_is_better(context.metric):
-        judging = replace(judging, lower_is_better=True)
+    lower = asked.direction == "lower" if asked.direction else known_lower_is_better(context.metric)
+    judging = replace(asked.judging, lower_is_better=lower)
     context.judging = judging
     labels = [(a.label, a.key) for a in arms]
     if asked.power is not None:
-        return Tabled(power_table(labels, base.label, records, asked.power, judging.alpha), context, asked.power)
+        return Tabled(power_table(labels, base.label, records, asked.power, judging), context, asked.power)
     frame, context.notes = build_table(labels, base.label, records, context.extras, judging if asked.stats else None)
     return Tabled(frame, context)
 
@@ -207,7 +212,7 @@ def tabulate(arms: list[Arm], base: Arm, records: dict, context: report_format.C
 def on_store(arms, base, known, client, curves, metric, extras, how, k, x, source, asked: Asked):
     """The table of tracked ``arms`` whose ``curves`` (of ``metric`` and ``extras``) are fetched -> (Tabled, the
     records per arm); the SE and health curves fetched here, over steps."""
-    what = {"mean_last_k": f"mean of the last {k}", "mean_first_k": f"mean of the first {k}"}.get(how, how)
+    what = in_words(how, k)
     axis = Axis()
     if x is not None:
         axis = put_on_axis(arms, curves, metric, extras, x)
@@ -252,9 +257,16 @@ def from_file(path: Path, metric: str | None, extras: list[str], how: str, k: in
         arms = [a for a in arms if id(a) in chosen]
     base = named_base or default_baseline(arms)
     by_arm = {a.label: [r for r in records if r.arm == a.label] for a in arms}
+    curves = path.name.removesuffix("-runs.csv") + "-curves.csv"
+    described = {m: f"{in_words(how, k)} per run of its curve in {curves}, mean ± sample std over seeds" for m in extras}
     context = report_format.Context(metric=found, reduce=f"{path.name}'s value", baseline=base.label, common="",
-                                    source=f"runs {path}", extras=extras)  # fmt: skip
+                                    source=f"runs {path}", extras=extras, described=described)  # fmt: skip
     return tabulate(arms, base, by_arm, context, asked)
+
+
+def in_words(how: str, k: int) -> str:
+    """``--reduce`` and ``--k`` as a caption says them: last, max, mean of the last k, mean of the first k."""
+    return {"mean_last_k": f"mean of the last {k}", "mean_first_k": f"mean of the first {k}"}.get(how, how)
 
 
 def records_of(arms: list[Arm], curves: dict, raw: dict, metric: str, extras: list[str], how: str, k: int):

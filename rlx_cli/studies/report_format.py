@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rlx_cli.studies.report_table import Judging
+from rlx_cli.studies.stats import Judging
 
 DASH = "–"
 
@@ -31,12 +31,15 @@ class Context:
 
 
 def num(x: float, scale: float | None = None) -> str:
-    """3 decimals, or 3 significant figures below 0.001 and from 1000 on. ``scale``: the size of the column's
-    means, which sets the format of a std, a Δ or a CI bound (a Δ of 0.0006 on accuracies prints 0.001)."""
+    """3 decimals; 3 significant figures below 0.001; in a column of values from 1000 on, whole numbers with
+    thousands separators (2,005, not 2e+03) and 3 significant figures below 1000. ``scale``: the size of the
+    column's means, which sets the format of a std, a Δ or a CI bound (a Δ of 0.0006 on accuracies prints 0.001)."""
     if x is None or math.isnan(x):
         return DASH
     size = abs(x) if scale is None or math.isnan(scale) else scale
-    return f"{x:.3g}" if size != 0 and (size >= 1000 or size < 0.001) else f"{x:.3f}"
+    if size >= 1000:
+        return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.3g}"
+    return f"{x:.3g}" if size != 0 and size < 0.001 else f"{x:.3f}"
 
 
 def mean_std(mean: float, std: float, scale: float | None = None) -> str:
@@ -48,8 +51,14 @@ def signed(x: float, scale: float | None = None) -> str:
     return DASH if math.isnan(x) else ("+" if x >= 0 else "") + num(x, scale)
 
 
-def p_value(p: float) -> str:
-    return DASH if math.isnan(p) else ("<0.001" if p < 0.001 else f"{p:.3f}")
+def p_value(p: float, alpha: float) -> str:
+    """3 decimals, with more where rounding would carry p across α (0.0497 at α = 0.05, not 0.050)."""
+    if math.isnan(p):
+        return DASH
+    if p < 0.001:
+        return "<0.001"
+    shown = f"{p:.3f}"
+    return f"{p:.4g}" if (float(shown) < alpha) != (p < alpha) else shown
 
 
 @dataclass
@@ -83,20 +92,26 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
         ("Δ", f"the arm's mean - the baseline's ({ctx.baseline})"),
     ]
     has_stats = "p_value" in table.columns
-    level = f"{100 * (1 - alpha):g}%"
     if has_stats:
-        compared = int(table["p_holm"].notna().sum())
-        headers += ["test", "p", "p (Holm)", f"{level} CI of Δ", "MDE (80%)", "verdict"]
+        compared = int(table["p_value"].notna().sum())
+        headers += ["test", "p", "p (Holm)", "TOST p (Holm)", "interval of Δ", "level", "MDE (80%)", "verdict"]
         legend += [
             ("test", TESTS),
             ("p", "two-sided p-value of that test for Δ = 0"),
-            ("p (Holm)", f"p adjusted for comparing {compared} arm{'s' * (compared != 1)} with the baseline at once "
-                         f"(Holm's step-down); the arms below {alpha:g} differ from the baseline at a family-wise "
-                         f"error rate of {100 * alpha:g}%"),
-            (f"{level} CI of Δ", f"that test's {level} t interval of Δ"),
-            ("MDE (80%)", f"minimum detectable effect: the |Δ| that test finds with 80% power at α = {alpha:g} for the "
-                          "arm's n and the spread seen; a smaller true Δ likely goes unnoticed (rlx report --power Δ "
-                          "says how many seeds it needs)"),
+            ("p (Holm)", f"p adjusted for the table: Holm's step-down over the {2 * compared} hypotheses of the "
+                         f"{compared} arm{'s' * (compared != 1)} compared (Δ = 0 and |Δ| >= δ each), with Shaffer's "
+                         "restriction that at most one of an arm's two is true; the table's verdicts together hold a "
+                         f"family-wise error of {100 * alpha:g}%"),
+            ("TOST p (Holm)", f"TOST's p (the larger of the two one-sided tests of Δ <= -{num(margin, scale)} and "
+                              f"Δ >= +{num(margin, scale)}), adjusted in the same family"),
+            ("interval of Δ", "the t interval of Δ that decided the verdict, at the level beside it: for better, "
+                              "worse and inconclusive the two-sided interval at the level the row's test was judged "
+                              "at (it leaves out 0 exactly when the row is better or worse), for equivalent TOST's "
+                              "interval (inside ±δ)"),
+            ("level", f"that interval's confidence: 1 - α/t for a difference, 1 - 2α/t for TOST, t the arms Holm's "
+                      f"step still counted (1 - α = {100 * (1 - alpha):g}% when no other arm is compared)"),
+            ("MDE (80%)", "minimum detectable effect: the |Δ| the row's test finds with 80% power at the level it was "
+                          "judged at, for the arm's n and the spread seen; a smaller true Δ likely goes unnoticed"),
             ("verdict", verdict_legend(ctx.judging, scale)),
         ]  # fmt: skip
     if "eval_se" in table.columns:
@@ -120,8 +135,9 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
             low, high = signed(row["ci_low"], scale), signed(row["ci_high"], scale)
             interval = DASH if math.isnan(row["ci_low"]) else f"[{low}, {high}]"
             test = row["test"] or (DASH if i else "")
-            line += [test, p_value(row["p_value"]), p_value(row["p_holm"]), interval, num(row["detectable"], scale)]
-            line.append(verdict_cell(row["verdict"], row["seeds_needed"], row["test"]))
+            ps = [p_value(row[name], alpha) for name in ("p_value", "p_holm", "p_equivalent_holm")]
+            line += [test, *ps, interval, percent(row["ci_level"]), num(row["detectable"], scale)]
+            line.append(verdict_cell(row))
         if "eval_se" in table.columns:
             line.append(num(row["eval_se"], scale))
         if "health" in table.columns:
@@ -148,17 +164,31 @@ def verdict_legend(judging: Judging, scale: float) -> str:
     alpha, margin = judging.alpha, num(judging.margin, scale)
     better = "lower" if judging.lower_is_better else "higher"
     return (
-        f"better / worse: the Holm-adjusted p below α = {alpha:g} ({better} is better); equivalent: both one-sided "
-        f"tests of TOST against ±{margin} pass at α after Holm, so |Δ| < {margin}; inconclusive: neither, which is "
-        'not "no effect": in brackets the seeds per arm that would decide it at 80% power (a t-test finding '
-        f"max(|Δ|, {margin})); a health flag sits beside the verdict, it does not change it"
+        f"better / worse: the row's test rejects Δ = 0 in the table's family at α = {alpha:g} ({better} is better); "
+        f'"within δ" beside it: TOST passes too, a difference smaller than ±{margin}; equivalent: TOST rejects '
+        f"|Δ| >= {margin} in the family; identical: no spread and Δ = 0 on every seed (no test needed); "
+        'inconclusive: neither, which is not "no effect": in brackets the seeds per arm with which a fresh study '
+        "decides it with 80% power at the level this row was judged at (the t-test at the pilot's Δ, or TOST where "
+        "|Δ| < δ; from the 70% upper confidence bound of the spread), or what holds it back; a health flag sits "
+        "beside the verdict, it does not change it"
     )
 
 
-def verdict_cell(label: str, needed, test: str) -> str:
-    if label != "inconclusive" or not test:
+def verdict_cell(row) -> str:
+    label = row["verdict"]
+    if label in ("better", "worse") and row["within_margin"]:
+        return f"{label} (within δ)"
+    if label != "inconclusive":
         return label or ""
-    return f"inconclusive ({seeds(None if pd.isna(needed) else int(needed), test)} seeds)"
+    needed = row["seeds_needed"]
+    if not pd.isna(needed):
+        return f"inconclusive ({int(needed):,} seeds)"
+    return f"inconclusive ({row['why']})" if row["why"] else "inconclusive"
+
+
+def percent(level: float) -> str:
+    """A confidence as a percentage, with the digits it needs (95%, 98.75%)."""
+    return DASH if math.isnan(level) else f"{100 * level:.4g}%"
 
 
 def planning(table: pd.DataFrame, ctx: Context, delta: float) -> Layout:
@@ -178,9 +208,11 @@ def planning(table: pd.DataFrame, ctx: Context, delta: float) -> Layout:
         ("test", TESTS),
         ("σ of a one-seed Δ", "the standard deviation of the per-seed differences (paired) or "
                               "sqrt(s_arm² + s_baseline²) (Welch): the noise a seed adds to Δ"),
-        ("MDE (80%) now", f"the |Δ| the pilot's n finds with 80% power at α = {alpha:g}"),
+        ("MDE (80%) now", f"the |Δ| the pilot's n finds with 80% power at α / {max(1, len(table))} = "
+                          f"{alpha / max(1, len(table)):.3g}, the level of the table's first step"),
         (f"seeds for Δ = {target}", f"the fewest seeds per arm with which that test finds |Δ| = {target} with 80% "
-                                    f"power at α = {alpha:g} (two-sided), if the spread stays what the pilot saw"),
+                                    "power at that level (two-sided), from the 70% upper confidence bound of the "
+                                    "pilot's spread"),
     ]  # fmt: skip
     needed = [int(n) for n in table["seeds_needed"].dropna()] if len(table) else []
     notes = footer(ctx)
@@ -195,8 +227,8 @@ def planning(table: pd.DataFrame, ctx: Context, delta: float) -> Layout:
 
 def seeds(needed: float | None, test: str) -> str:
     if needed is None or (isinstance(needed, float) and math.isnan(needed)):
-        return DASH if not test else "> 100000"
-    return str(int(needed))
+        return DASH if not test else "> 100,000"
+    return f"{int(needed):,}"
 
 
 def footer(ctx: Context) -> list[str]:

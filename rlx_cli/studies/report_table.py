@@ -1,44 +1,38 @@
 """The numbers of ``rlx report``'s tables, from per-run records (``run_records``): one row per arm, the baseline first.
 
-Each arm: n, mean ± std of its per-seed values, Δ vs the baseline; with ``--stats`` the paired or Welch t-test, its
-interval, p and Holm's p, the detectable effect, TOST's p against the margin and Holm's, and the verdict
-(``stats.label`` on the Holm-adjusted p-values, the seeds that would decide an inconclusive arm); where the runs say,
-the evaluation's own standard error and the health flags. The notes under the table list the flagged arms and the
-arms whose evaluation noise rivals their seed noise.
+Each arm: n, mean ± std of its per-seed values, Δ vs the baseline; with ``--stats`` its verdict and what it rests on
+(``stats.judge`` over the table's arms as one family: the paired or Welch t-test's p, TOST's p, both adjusted, the
+interval that decided the label and its level, the detectable effect at the row's level, the seeds that would decide
+an inconclusive arm or what holds it back); where the runs say, the evaluation's own standard error and the health
+flags. The notes under the table list the flagged arms, the arms whose evaluation noise rivals their seed noise, and
+what a second look at more seeds would cost.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pandas as pd
 
-from rlx_cli.studies import health, stats
+from rlx_cli.studies import health, power, stats
+from rlx_cli.studies.comparison import NAN, Comparison, compare, mean, std
 from rlx_cli.studies.run_records import RunRecord, finished
+from rlx_cli.studies.stats import Judging
 
 NOISE_SHARE = 0.5  # evaluation noise at least this share of the between-seed spread of Δ: a note says what to raise
 KNOBS = "task.eval_size (more prompts) or eval.samples (more answers a prompt, for the sampled accuracy)"
 
 
-@dataclass(frozen=True)
-class Judging:
-    """How ``--stats`` judges an arm: at level ``alpha`` against a ``margin`` in the metric's units."""
-
-    margin: float = 0.02
-    alpha: float = stats.ALPHA
-    lower_is_better: bool = False
-
-
 def known_lower_is_better(metric: str) -> bool:
-    """Metrics whose direction is known to be down: losses, KLs and times (perf/*_s)."""
+    """Metrics whose direction is known to be down: losses, KLs and times (perf/*_s, but not rates: perf/*_per_s)."""
     name = metric.rsplit("/", 1)[-1]
-    return "loss" in name or name.endswith("kl") or (metric.startswith("perf/") and name.endswith("_s"))
+    is_time = metric.startswith("perf/") and name.endswith("_s") and not name.endswith("_per_s")
+    return "loss" in name or name.endswith("kl") or is_time
 
 
 def mean_of(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
-    return stats.mean(finite)
+    return mean(finite)
 
 
 def build_table(arms: list[tuple[str, str]], base: str, records: dict[str, list[RunRecord]], extras: list[str],
@@ -47,64 +41,65 @@ def build_table(arms: list[tuple[str, str]], base: str, records: dict[str, list[
     baseline first, as every format prints it; the notes under it)."""
     reference = finished(records[base])
     ordered = [a for a in arms if a[0] == base] + [a for a in arms if a[0] != base]
+    margin = (judging or Judging()).margin
     rows, comparisons, flagged, judged = [], {}, {}, False
     for label, overrides in ordered:
         runs = records[label]
         values = finished(runs)
         listed = list(values.values())
-        row = {"arm": label, "n": len(values), "mean": stats.mean(listed), "std": stats.std(listed)}
-        row["delta"] = row["mean"] - stats.mean(list(reference.values())) if values and reference else stats.NAN
+        row = {"arm": label, "n": len(values), "mean": mean(listed), "std": std(listed)}
+        row["delta"] = row["mean"] - mean(list(reference.values())) if values and reference else NAN
         if label != base:
-            level = 1 - (judging.alpha if judging else stats.ALPHA)
-            comparisons[label] = stats.compare(values, reference, level=level)
-        if judging:
-            test = comparisons.get(label)
-            row["test"] = test.test if test else ""
-            row["p_value"] = test.p if test else stats.NAN
-            row["ci_low"], row["ci_high"] = (test.low, test.high) if test else (stats.NAN, stats.NAN)
-            row["detectable"] = test.detectable if test else stats.NAN
-            row["p_equivalent"] = stats.equivalence_p(test, judging.margin) if test else stats.NAN
+            comparisons[label] = compare(values, reference, margin=margin)
         row["eval_se"] = mean_of([r.se for r in runs if r.status == "FINISHED"])
         facts = [(r.seed, r.status, r.figures) for r in runs]
         judged |= health.judged(facts)
         flagged[label] = health.arm_flags(facts)
-        row["health"] = ", ".join(flagged[label]) or "ok"
+        row["health"] = health.cell(flagged[label], facts)
         for m in extras:
             listed = [r.extras[m] for r in runs if r.status == "FINISHED" and not math.isnan(r.extras[m])]
-            row[f"{m} mean"], row[f"{m} std"] = stats.mean(listed), stats.std(listed)
+            row[f"{m} mean"], row[f"{m} std"] = mean(listed), std(listed)
         row["overrides"] = overrides
         rows.append(row)
     table = pd.DataFrame(rows)
     if judging:
-        judge(table, comparisons, judging)
+        add_verdicts(table, comparisons, judging)
     if table["eval_se"].isna().all():  # runs from before evaluations logged their SE
         table = table.drop(columns="eval_se")
     if not judged:  # a *-runs.csv without the figures the flags read
         table = table.drop(columns="health")
     notes = health.listing(flagged) if judged else []
-    return table, notes + noise_notes(table, comparisons)
+    return table, notes + noise_notes(table, comparisons) + ([SECOND_LOOK] if judging and comparisons else [])
 
 
-def judge(table: pd.DataFrame, comparisons: dict[str, stats.Comparison], judging: Judging) -> None:
-    """Holm over the table's arms, for p and TOST's p; then each arm's verdict and, if inconclusive, its seeds."""
-    table.insert(table.columns.get_loc("p_value") + 1, "p_holm", stats.holm(table["p_value"].tolist()))
-    adjusted = stats.holm(table["p_equivalent"].tolist())
-    table.insert(table.columns.get_loc("p_equivalent") + 1, "p_equivalent_holm", adjusted)
-    verdicts, needed = [], []
-    for _, row in table.iterrows():
-        test = comparisons.get(row["arm"])
-        if test is None:  # the baseline
-            verdicts.append("")
-            needed.append(None)
+SECOND_LOOK = (
+    "these verdicts hold at the family-wise α for the seeds run here; adding seeds to these runs and judging again "
+    "is a second look that α does not cover (false better/worse rise to 8.5-11.8% at α = 5%): run the seeds in "
+    "brackets as a fresh study, or declare a study with looks (rlx sweep --plan FILE --until-decided)"
+)
+VERDICT_COLUMNS = ("test", "p_value", "p_holm", "p_equivalent", "p_equivalent_holm", "ci_low", "ci_high", "ci_level",
+                   "detectable", "verdict", "within_margin", "seeds_needed", "why")  # fmt: skip
+
+
+def add_verdicts(table: pd.DataFrame, comparisons: dict[str, Comparison], judging: Judging) -> None:
+    """The table's verdicts (``stats.judge``: one family over its arms) as columns after Δ, in place."""
+    verdicts = stats.judge({arm: (c, 0) for arm, c in comparisons.items()}, judging)
+    columns = {name: [] for name in VERDICT_COLUMNS}
+    for arm in table["arm"]:
+        v, c = verdicts.get(arm), comparisons.get(arm)
+        if v is None:  # the baseline
+            for name, empty in zip(VERDICT_COLUMNS, ("", NAN, NAN, NAN, NAN, NAN, NAN, NAN, NAN, "", False, None, "")):
+                columns[name].append(empty)
             continue
-        said = stats.label(row["delta"], row["p_holm"], row["p_equivalent_holm"], alpha=judging.alpha,
-                           lower_is_better=judging.lower_is_better)  # fmt: skip
-        verdicts.append(said)
-        decide = said == "inconclusive" and test.test
-        needed.append(stats.deciding_seeds(test, judging.margin, alpha=judging.alpha) if decide else None)
-    at = table.columns.get_loc("p_equivalent_holm") + 1
-    table.insert(at, "verdict", verdicts)
-    table.insert(at + 1, "seeds_needed", pd.array(needed, dtype="Int64"))
+        detectable = power.detectable(c.se, c.df, level=v.judged_at) if c.testable else NAN
+        for name, value in zip(VERDICT_COLUMNS, (c.test, v.p, v.p_adjusted, v.p_equivalent, v.p_equivalent_adjusted,
+                                                 v.low, v.high, v.level, detectable, v.label, v.within, v.seeds_needed,
+                                                 v.why)):  # fmt: skip
+            columns[name].append(value)
+    at = table.columns.get_loc("delta") + 1
+    for offset, name in enumerate(VERDICT_COLUMNS):
+        values = pd.array(columns[name], dtype="Int64") if name == "seeds_needed" else columns[name]
+        table.insert(at + offset, name, values)
 
 
 def noise_notes(table: pd.DataFrame, comparisons: dict[str, stats.Comparison]) -> list[str]:
@@ -126,16 +121,20 @@ def noise_notes(table: pd.DataFrame, comparisons: dict[str, stats.Comparison]) -
 
 
 def power_table(arms: list[tuple[str, str]], base: str, records: dict[str, list[RunRecord]], delta: float,
-                alpha: float = stats.ALPHA) -> pd.DataFrame:  # fmt: skip
-    """Per arm against the baseline: the pilot's n, test and spread, its detectable effect, the seeds Δ needs."""
+                judging: Judging) -> pd.DataFrame:  # fmt: skip
+    """Per arm against the baseline: the pilot's n, test and spread, its detectable effect, the seeds Δ needs, both at
+    the level the table's first step judges at (α over the arms compared)."""
     reference = finished(records[base])
+    compared = [a for a in arms if a[0] != base]
+    level = judging.alpha / max(1, len(compared))
     rows = []
-    for label, overrides in [a for a in arms if a[0] != base]:
-        values = finished(records[label])
-        test = stats.compare(values, reference, level=1 - alpha)
-        needed = stats.seeds_needed(delta, test.variances, alpha=alpha) if test.test else None
+    for label, overrides in compared:
+        test = compare(finished(records[label]), reference, margin=judging.margin)
+        planned = power.planned_variances(test.variances, test.df) if test.testable else ()
         rows.append({
-            "arm": label, "n": len(values), "test": test.test, "sigma": test.sigma,
-            "detectable": test.detectable, "seeds_needed": needed, "overrides": overrides,
+            "arm": label, "n": test.n, "test": test.test, "sigma": test.sigma,
+            "detectable": power.detectable(test.se, test.df, level=level) if test.testable else NAN,
+            "seeds_needed": power.seeds_needed(delta, planned, alpha=level) if planned else None,
+            "overrides": overrides,
         })  # fmt: skip
     return pd.DataFrame(rows, columns=["arm", "n", "test", "sigma", "detectable", "seeds_needed", "overrides"])

@@ -8,7 +8,7 @@ run.sh's curriculum levels): the base's step-0 and the final greedy and sampled 
 accuracy's evaluation SE (``eval/accuracy_sampled_se``). Per cell: the sampled gain (final − step 0, paired by seed)
 and its verdict, σ (the larger of the seeds' std of the final and the mean evaluation SE), the MDE a 5-seed paired
 comparison of two arms would have (√2·σ/√5 as its SE, 4 degrees of freedom, 80% power at α 0.05:
-``rlx_cli.studies.stats.detectable``) and the rule: gain ≥ 3 × MDE. Writes pilot-per-run.csv, pilot-curves.csv,
+``rlx_cli.studies.power.detectable``) and the rule: gain ≥ 3 × MDE. Writes pilot-per-run.csv, pilot-curves.csv,
 pilot-grid.csv, pilot-grid.md and pilot-curves.png to --out.
 """
 
@@ -54,13 +54,15 @@ def runs(experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def cells(per_run: pd.DataFrame) -> pd.DataFrame:
-    from rlx_cli.studies.stats import detectable, std, verdict
+    from rlx_cli.studies.comparison import std
+    from rlx_cli.studies.power import detectable
+    from rlx_cli.studies.stats import verdict
 
     rows = []
     for (difficulty, updates), g in per_run.groupby(["difficulty", "updates"], sort=True):
         gain = g.sampled_final - g.sampled_base
         sigma = pd.Series([std(list(g.sampled_final)), g.sampled_final_se.mean()]).max()  # one seed: its SE
-        mde = detectable(math.sqrt(2) * sigma / math.sqrt(STUDY_SEEDS), STUDY_SEEDS - 1)
+        mde = detectable(math.sqrt(2) * sigma / math.sqrt(STUDY_SEEDS), STUDY_SEEDS - 1, level=0.05)
         called = verdict(list(g.sampled_final), list(g.sampled_base), margin=0.02)
         rows.append(
             {
