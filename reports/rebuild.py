@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from rlx_cli.studies import report_format
-from rlx_cli.studies.report import Asked, from_file
-from rlx_cli.studies.stats import Judging
+from rlx_cli.studies import report_format, report_read
+from rlx_cli.studies.report import Request, tabulate
 
 REPORTS = Path(__file__).resolve().parent
 CAPTION = re.compile(
@@ -79,9 +78,10 @@ def rebuilt(path: Path) -> str:
     said = next((legend[e] for e in extras if EXTRA.match(legend.get(e, ""))), caption["reduce"])  # a --runs table's
     how, k = reduction(said)  # extras say how they were reduced; a store table's reduced as its metric
     with_stats = "test" in headers  # tables from before verdicts existed have the tests alone: judged now
-    judging = Judging(float(caption["margin"] or 0.02), float(caption["alpha"] or 0.05))
-    asked = Asked(judging, with_stats, None, caption["direction"])
-    tabled = from_file(runs, None, extras, how, k, caption["base"], None, None, asked)
+    margin, alpha = (float(caption[key]) if caption[key] else None for key in ("margin", "alpha"))
+    request = Request(runs=runs, baseline=caption["base"], extras=tuple(extras), reduce_by=how, k=k,
+                      with_stats=with_stats, margin=margin, alpha=alpha, direction=caption["direction"])  # fmt: skip
+    tabled = tabulate(report_read.from_file(request), request)
     context = tabled.context
     context.reduce, context.budget = caption["reduce"], caption["budget"] or ""
     source = next((n for n in notes if n.startswith(("experiment ", "study ", "runs "))), "")

@@ -114,17 +114,42 @@ def sweep(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the points and exit."),
     rerun: bool = typer.Option(False, "--rerun", help="Run points the study already FINISHED again."),
     no_report: bool = typer.Option(False, "--no-report", help="No table at the end (rlx report --study NAME --stats)."),
+    plan: Path = typer.Option(
+        None, "--plan", help="Run a study declared in this file (YAML: arms, baseline, metric, margin, seeds, design)."
+    ),
+    until_decided: bool = typer.Option(
+        False, "--until-decided", help="--plan: add seeds in looks until each arm is decided (or --max-seeds)."
+    ),
+    max_seeds: int = typer.Option(None, "--max-seeds", help="--plan: the last look's seeds an arm (plan's, or 20)."),
+    every: int = typer.Option(None, "--every", help="--plan: seeds added at each look (plan's, or 5)."),
+    control: bool = typer.Option(
+        None, "--control/--no-control", help="--plan: the no-op arm (+ablate=noop); on by default with --until-decided."
+    ),
 ) -> None:
     """Run every point of a grid as one `rlx train`, each an MLflow child run of the study's parent run; then print
-    the study's table with verdicts and write it beside the study (table.md, table.csv).
+    the study's table with verdicts and write it beside the study (table.md, table.csv). With --plan, a declared
+    study: its arms, judged as declared, in looks until decided with --until-decided.
 
     Examples: rlx sweep algo=grpo 'loss_agg.mode=token_mean,seq_mean_token_mean' seed=0,1 --jobs 2 ·
-    rlx sweep seed=0,1,2 --dry-run
+    rlx sweep seed=0,1,2 --dry-run · rlx sweep --plan conf/study/default-short.yaml --until-decided --jobs 2
     """
+    args = only_overrides(overrides)
+    if plan is not None:
+        from rlx_cli.studies.deciding import plan_command
+
+        if args or study:
+            raise UserError("--plan declares the whole study (valid: --plan FILE alone; put overrides in its common:)")
+        raise typer.Exit(plan_command(plan, until_decided=until_decided, max_seeds=max_seeds, every=every,
+                                      control=control, jobs=jobs, launcher=launcher, dry_run=dry_run, rerun=rerun,
+                                      report=not no_report))  # fmt: skip
+    given = [name for name, value in (("--until-decided", until_decided), ("--max-seeds", max_seeds),
+                                       ("--every", every), ("--control", control)) if value]  # fmt: skip
+    if given:
+        raise UserError(f"{given[0]} applies to a declared study (valid: rlx sweep --plan FILE {given[0]})")
     from rlx_cli.studies.sweep import sweep_command
 
-    code = sweep_command(only_overrides(overrides), jobs=jobs, launcher=launcher, study=study, dry_run=dry_run,
-                         rerun=rerun, report=not no_report)  # fmt: skip
+    code = sweep_command(args, jobs=jobs, launcher=launcher, study=study, dry_run=dry_run, rerun=rerun,
+                         report=not no_report)  # fmt: skip
     raise typer.Exit(code)
 
 
@@ -174,9 +199,9 @@ def report(
         "better | worse | equivalent (within --margin) | inconclusive (with the seeds that would decide it).",
     ),
     margin: float = typer.Option(
-        0.02, "--margin", help="--stats: the Δ within which arms are equivalent, in the metric's units."
+        None, "--margin", help="--stats: the Δ within which arms are equivalent, in the metric's units (0.02)."
     ),
-    alpha: float = typer.Option(0.05, "--alpha", help="--stats: the family-wise level of the verdicts (Holm)."),
+    alpha: float = typer.Option(None, "--alpha", help="--stats: the family-wise level of the verdicts (0.05)."),
     lower_is_better: bool = typer.Option(
         False, "--lower-is-better", "--minimize", help="Lower is better (by default for *loss*, *kl and perf/*_s)."
     ),
@@ -200,6 +225,9 @@ def report(
     power: float = typer.Option(
         None, "--power", help="Planning: instead of the table, the seeds each arm needs to detect this Δ at 80% power."
     ),
+    plan_seeds: bool = typer.Option(
+        False, "--plan-seeds", help="Planning from a pilot: per arm the seeds a fixed and a sequential design need."
+    ),
     x: str = typer.Option(
         None, "--x", help="Curves over step | samples | tokens | wall: runs cut at the common budget, an AUC column."
     ),
@@ -221,6 +249,7 @@ def report(
         experiment=experiment, study=study, metric=metric, baseline=baseline, reduce_by=reduce, k=k, fmt=fmt,
         out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, direction=direction,
         seeds=seeds, arm_names=arm, fit=fit, power=power, x=x, fit_from=fit_from, runs=runs, margin=margin, alpha=alpha,
+        plan_seeds=plan_seeds,
     )  # fmt: skip
     if out is None:
         print(text, end="")

@@ -151,26 +151,30 @@ class FakeComparison:
 
 def test_boundaries_match_the_published_obrien_fleming_spending_bounds():
     # gsDesign sfLDOF, one-sided α 0.025, four equally spaced looks: z = 4.333, 2.963, 2.359, 2.014
-    nominal = boundaries.nominal(0.025, (0.25, 0.5, 0.75, 1.0))
+    nominal = boundaries.nominal(0.025, (0.25, 0.5, 0.75, 1.0), "obf")
     z = [-float(np.round(special.ndtri(p), 3)) for p in nominal]
     assert z == [4.333, 2.963, 2.359, 2.014]
     assert boundaries.nominal(0.05, (1.0,)) == (0.05,)  # the fixed design: the level itself
-    assert boundaries.spent(1.0, 0.03) == pytest.approx(0.03) and boundaries.spent(0.0, 0.03) == 0.0
+    assert boundaries.spent(1.0, 0.03, "obf") == pytest.approx(0.03) and boundaries.spent(0.0, 0.03) == 0.0
+    # Pocock-type: γ ln(1 + (e - 1) t); a quarter of the way, 0.3601 of γ
+    assert boundaries.spent(0.25, 0.05) == pytest.approx(0.05 * math.log(1 + (math.e - 1) / 4))
+    assert boundaries.spent(1.0, 0.05) == pytest.approx(0.05)
     with pytest.raises(ValueError, match="increasing"):
         boundaries.nominal(0.05, (0.5, 0.5))
 
 
-def test_boundaries_spend_their_level_by_monte_carlo():
+@pytest.mark.parametrize("spending", ["pocock", "obf"])
+def test_boundaries_spend_their_level_by_monte_carlo(spending):
     # Brownian motion at fractions 5/20 ... 20/20: the first crossings add up to γ, look by look as γ(t) says
     fractions, level = (0.25, 0.5, 0.75, 1.0), 0.05
-    z_bounds = -special.ndtri(np.array(boundaries.nominal(level, fractions)))
+    z_bounds = -special.ndtri(np.array(boundaries.nominal(level, fractions, spending)))
     rng = np.random.default_rng(3)
     steps = rng.normal(0, np.sqrt(np.diff((0,) + fractions)), (400_000, 4))
     z = np.cumsum(steps, axis=1) / np.sqrt(fractions)
     crossed = (z >= z_bounds).cumsum(axis=1) > 0
     for k, t in enumerate(fractions):
         share = crossed[:, k].mean()
-        assert abs(share - boundaries.spent(t, level)) <= 3 * math.sqrt(level / 400_000)
+        assert abs(share - boundaries.spent(t, level, spending)) <= 3 * math.sqrt(level / 400_000)
 
 
 def normal_power(effect: float, level: float) -> float:
@@ -271,11 +275,11 @@ def test_formats_that_do_not_mislead():
     assert verdict_cell(cell) == "inconclusive (2,005 seeds)"
 
 
-def test_tested_runs_many_comparisons_as_compare_runs_one():
+def test_compare_rows_runs_many_comparisons_as_compare_runs_one():
     rng = np.random.default_rng(6)
     a, b = rng.normal(0.6, 0.05, (4, 5)), rng.normal(0.58, 0.05, (4, 5))
     for paired in (True, False):
-        many = comparison.tested(a, b, paired=paired, margin=0.02)
+        many = comparison.compare_rows(a, b, paired=paired, margin=0.02)
         for i, got in enumerate(many):
             one = of_values(a[i].tolist(), b[i].tolist(), paired=paired, margin=0.02)
             assert (got.p, got.p_equivalent, got.df) == (one.p, one.p_equivalent, one.df)

@@ -39,7 +39,7 @@ def judged(base, arms, seeds: list[list[int]]) -> list[dict[int, stats.Verdict]]
         for t, n in enumerate(seeds[k]):
             groups[n].append(t)
         for n, rows in groups.items():
-            for t, c in zip(rows, comparison.tested(arm[rows, :n], base[rows, :n], paired=True, margin=DELTA)):
+            for t, c in zip(rows, comparison.compare_rows(arm[rows, :n], base[rows, :n], paired=True, margin=DELTA)):
                 found[k][t] = c
     return [stats.judge({k: (found[k][t], 0) for k in range(len(arms))}, JUDGING) for t in range(len(base))]
 
@@ -78,7 +78,8 @@ def test_two_seeds_of_accuracies_on_200_prompts_give_few_false_calls():
     """Accuracies are multiples of 1/200: at n = 2 equal differences are common and once gave p = 0."""
     rng, count = np.random.default_rng(12), 4000
     a, b = rng.binomial(200, 0.95, (count, 2)) / 200, rng.binomial(200, 0.95, (count, 2)) / 200
-    calls = [stats.judge({0: (c, 0)}, JUDGING)[0].label for c in comparison.tested(a, b, paired=True, margin=DELTA)]
+    found = comparison.compare_rows(a, b, paired=True, margin=DELTA)
+    calls = [stats.judge({0: (c, 0)}, JUDGING)[0].label for c in found]
     assert sum(label in ("better", "worse") for label in calls) / count <= 0.05 + slack(0.05, count)
 
 
@@ -87,7 +88,7 @@ def verdicts_of(rng, n: int, count: int, *, delta: float, arm_sd: float, seed_sd
     shared = rng.normal(0.0, seed_sd, (count, n))
     arms = shared + delta + rng.normal(0.0, arm_sd, (count, n))
     bases = shared + rng.normal(0.0, arm_sd, (count, n))
-    found = comparison.tested(arms, bases, paired=paired, margin=DELTA)
+    found = comparison.compare_rows(arms, bases, paired=paired, margin=DELTA)
     return [stats.judge({0: (c, 0)}, JUDGING)[0] for c in found]
 
 

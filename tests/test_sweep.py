@@ -73,8 +73,10 @@ def test_workers_get_an_absolute_tracking_uri(tmp_path, monkeypatch):
 
 def test_ablate_keeps_the_overlays_that_apply(monkeypatch):
     import rlx_cli.config.validate
+    from rlx_cli.studies import grid
 
-    monkeypatch.setattr(sweep, "group_choices", lambda: {"ablate": ["no_a", "no_b", "no_c"]})
+    # noop is a control (the baseline's update up to rounding), not an ingredient: rlx ablate leaves it out
+    monkeypatch.setattr(grid, "group_choices", lambda: {"ablate": ["no_a", "no_b", "no_c", "noop"]})
 
     def fake_compose(overrides):
         if "+ablate=no_b" in overrides:
@@ -85,7 +87,7 @@ def test_ablate_keeps_the_overlays_that_apply(monkeypatch):
         if "+ablate=no_c" in cfg["overrides"]:
             raise UserError("lam_schedule.critic_lam: no critic here")
 
-    monkeypatch.setattr(sweep, "compose", fake_compose)
+    monkeypatch.setattr(grid, "compose", fake_compose)
     monkeypatch.setattr(rlx_cli.config.validate, "validate", fake_validate)
     assert sweep.applicable_overlays(["algo=x"]) == ["no_a"]
     assert sweep.ablate_points(["algo=x", "trainer.steps=5"], seeds=2) == [

@@ -24,13 +24,16 @@ def choice_config(group: str, choice: str) -> DictConfig:
     return OmegaConf.create((conf_dir() / group / f"{choice}.yaml").read_text())
 
 
+PLANS = "study"  # conf/study/ holds declared studies (rlx sweep --plan), not a config group
+
+
 def group_choices() -> dict[str, list[str]]:
     """Every config group and its choices, e.g. ``{"algo": ["grpo", "vapo"], ...}``."""
     root = conf_dir()
     return {
         d.name: sorted(f.name[: -len(".yaml")] for f in d.iterdir() if f.name.endswith(".yaml"))
         for d in sorted(root.iterdir(), key=lambda d: d.name)
-        if d.is_dir() and not d.name.startswith("_")
+        if d.is_dir() and not d.name.startswith("_") and d.name != PLANS
     }
 
 

@@ -58,6 +58,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "trainer.weight_decay": (float, 0.0, 1.0),
     "trainer.warmup_steps": (int, 0, 10_000_000),
     "trainer.grad_clip": (float, 0.0, INF),
+    "trainer.loss_scale": (float, 1e-6, 1e6),
     "trainer.epochs": (int, 1, 1000),
     "trainer.minibatches": (int, 1, 1_000_000),
     "trainer.ckpt_every": (int, 0, 10_000_000),

@@ -60,9 +60,10 @@ def glibc_mallopt():
 class Engine:
     """Micro-batched forwards, sampling and the update's mechanics for ``models`` under one strategy."""
 
-    def __init__(self, models: Models, *, micro_batch_tokens: int, strategy: str):
+    def __init__(self, models: Models, *, micro_batch_tokens: int, strategy: str, loss_scale: float = 1.0):
         self.models = models
         self.budget = micro_batch_tokens
+        self.loss_scale = loss_scale  # trainer.loss_scale: 1 + 2^-20 is a study's no-op control
         self.strategy = strategy if distributed.size() > 1 else "ddp"  # one process: plain replicas whatever asked
         if self.strategy == "fsdp":
             sharding.shard(models)
@@ -116,8 +117,9 @@ class Engine:
 
     # -- the update's mechanics ----------------------------------------------------------------------------
     def backward(self, objective: Tensor) -> None:
-        """Backpropagate this process's part of the loss (FSDP averages gradients over processes: scaled back)."""
-        (objective * (distributed.size() if self.strategy == "fsdp" else 1)).backward()
+        """Backpropagate this process's part of the loss (FSDP averages gradients over processes: scaled back), times
+        ``loss_scale``."""
+        (objective * (self.loss_scale * (distributed.size() if self.strategy == "fsdp" else 1))).backward()
 
     def step_gradients(self, optimizer: torch.optim.Optimizer, params: list, max_norm: float | None) -> Tensor:
         """Sum ``optimizer``'s gradients over processes, clip their norm to ``max_norm`` -> the norm before."""

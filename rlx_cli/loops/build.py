@@ -98,7 +98,8 @@ def build(cfg: DictConfig, progress) -> Parts:
         compile=cfg.trainer.compile,
     )
     distributed.broadcast_weights(models.policy, models.critic)  # every process starts from rank 0's weights
-    engine = Engine(models, micro_batch_tokens=cfg.trainer.micro_batch_tokens, strategy=cfg.trainer.strategy)
+    engine = Engine(models, micro_batch_tokens=cfg.trainer.micro_batch_tokens, strategy=cfg.trainer.strategy,
+                    loss_scale=cfg.trainer.loss_scale)  # fmt: skip
     strategy = engine.strategy
     policy_params = [p for n, p in models.policy.named_parameters() if p.requires_grad and ".critic." not in n]
     policy_optimizer = make_optimizer(policy_params, cfg.trainer.lr, cfg.trainer, strategy)  # after sharding

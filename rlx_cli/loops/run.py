@@ -57,6 +57,7 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
         "rlx.ablate": ",".join(ablations(choices)) or "none",
         "rlx.overrides": shlex.join(overrides),  # shell words: an override may hold spaces
         "rlx.study": os.environ.get("RLX_STUDY", ""),
+        "rlx.arm": os.environ.get("RLX_ARM", ""),  # a declared study's name for the arm (study_plan.py)
         "rlx.seed": str(job.seed),
         "rlx.git_sha": git_sha(),
         "rlx.processes": str(distributed.size()),

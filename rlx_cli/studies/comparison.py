@@ -3,7 +3,7 @@
 A seed fixes the prompts and the random draws, so pairing removes that noise from Δ. Everything a verdict reads comes
 from scipy's own tests (``ttest_1samp`` on the differences, ``ttest_ind(equal_var=False)``): the two-sided p of
 Δ = 0, TOST's p against a margin δ (the larger p of the one-sided tests of Δ <= -δ and Δ >= +δ, Schuirmann 1987),
-the degrees of freedom and the t interval at any confidence. ``tested`` runs them over many comparisons at once
+the degrees of freedom and the t interval at any confidence. ``compare_rows`` runs them over many comparisons at once
 (rows of an array), as a simulation needs; ``compare`` is one row of it. A spread below float rounding of the values
 (``TIE``) is no spread: a t statistic over it would claim certainty (Δ / 0), so such a comparison has no p; Δ = 0
 with no spread is ``identical``.
@@ -96,7 +96,7 @@ def scale_of(*samples: Sequence[float]) -> float:
     return max((abs(float(x)) for sample in samples for x in sample), default=0.0) or 1.0
 
 
-def tested(arm: np.ndarray, base: np.ndarray, *, paired: bool, margin: float) -> list[Comparison]:
+def compare_rows(arm: np.ndarray, base: np.ndarray, *, paired: bool, margin: float) -> list[Comparison]:
     """Row i of ``arm`` [S, n_arm] against row i of ``base`` [S, n_base] (paired: the same seeds in the same order,
     n_arm = n_base >= 2; Welch: each side >= 2), TOST against ±``margin``: S comparisons in three scipy calls."""
     arm, base = np.asarray(arm, dtype=float), np.asarray(base, dtype=float)
@@ -132,10 +132,10 @@ def compare(arm: Mapping[str, float], base: Mapping[str, float], *, margin: floa
     (no test) when a side has fewer than two."""
     if arm.keys() == base.keys() and len(arm) >= 2:
         seeds = sorted(arm)
-        return tested([[arm[s] for s in seeds]], [[base[s] for s in seeds]], paired=True, margin=margin)[0]
+        return compare_rows([[arm[s] for s in seeds]], [[base[s] for s in seeds]], paired=True, margin=margin)[0]
     a, b = list(arm.values()), list(base.values())
     if len(a) >= 2 and len(b) >= 2:
-        return tested([a], [b], paired=False, margin=margin)[0]
+        return compare_rows([a], [b], paired=False, margin=margin)[0]
     return Comparison("", mean(a) - mean(b), NAN, NAN, (), min(len(a), len(b)), False, NAN, NAN, margin,
                       tuple(a), tuple(b))  # fmt: skip
 

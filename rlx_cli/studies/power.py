@@ -109,18 +109,27 @@ def planned_variances(variances: tuple[float, ...], df: float) -> tuple[float, .
     return tuple(v * factor for v in variances)
 
 
-def seeds_to_decide(delta: float, variances: tuple[float, ...], pilot: int, df: float, *, margin: float, level: float,
-                    target: float = POWER, most: int = MOST) -> int | None:  # fmt: skip
-    """The seeds per arm with which a fresh study decides an arm whose true effect is ``delta`` with power
-    ``target`` at ``level``: the t-test finds it, or TOST shows |Δ| < ``margin``; more than ``pilot`` (the seeds the
-    estimates come from, ``df`` their degrees of freedom). None past ``most`` or without a spread to plan from."""
+def seeds_for(delta: float, variances: tuple[float, ...], *, margin: float, level: float, start: int = 2,
+              target: float = POWER, most: int = MOST) -> int | None:  # fmt: skip
+    """The fewest seeds per arm, from ``start`` on, with which a study decides an arm whose true effect is ``delta``
+    with power ``target`` at ``level``: the t-test finds it, or TOST shows |Δ| < ``margin``. None past ``most`` or
+    without a spread to plan from."""
     if not variances or any(math.isnan(v) for v in variances) or sum(variances) == 0:
         return None
-    planned = planned_variances(variances, df)
 
     def decides(n: int) -> bool:
-        if power(delta, planned, n, level) >= target:
+        if power(delta, variances, n, level) >= target:
             return True
-        return abs(delta) < margin and power_equivalent(delta, planned, n, margin, level) >= target
+        return abs(delta) < margin and power_equivalent(delta, variances, n, margin, level) >= target
 
-    return fewest(decides, max(2, pilot + 1), most)
+    return fewest(decides, max(2, start), most)
+
+
+def seeds_to_decide(delta: float, variances: tuple[float, ...], pilot: int, df: float, *, margin: float, level: float,
+                    target: float = POWER, most: int = MOST) -> int | None:  # fmt: skip
+    """``seeds_for`` a fresh study, planned from a pilot of ``pilot`` seeds (``df`` the degrees of freedom of its
+    ``variances``): from their upper confidence bound, and more than ``pilot``."""
+    if not variances or any(math.isnan(v) for v in variances):
+        return None
+    planned = planned_variances(variances, df)
+    return seeds_for(delta, planned, margin=margin, level=level, start=pilot + 1, target=target, most=most)

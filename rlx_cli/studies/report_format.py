@@ -6,7 +6,6 @@ import html
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
 
@@ -92,12 +91,14 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
         ("Δ", f"the arm's mean - the baseline's ({ctx.baseline})"),
     ]
     has_stats = "p_value" in table.columns
+    looks = "decided_at" in table.columns
     if has_stats:
         compared = int(table["p_value"].notna().sum())
         headers += ["test", "p", "p (Holm)", "TOST p (Holm)", "interval of Δ", "level", "MDE (80%)", "verdict"]
+        headers += ["decided at"] if looks else []
         legend += [
             ("test", TESTS),
-            ("p", "two-sided p-value of that test for Δ = 0"),
+            ("p", "two-sided p-value of that test for Δ = 0" + (", at the arm's last look" if looks else "")),
             ("p (Holm)", f"p adjusted for the table: Holm's step-down over the {2 * compared} hypotheses of the "
                          f"{compared} arm{'s' * (compared != 1)} compared (Δ = 0 and |Δ| >= δ each), with Shaffer's "
                          "restriction that at most one of an arm's two is true; the table's verdicts together hold a "
@@ -114,6 +115,10 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
                           "judged at, for the arm's n and the spread seen; a smaller true Δ likely goes unnoticed"),
             ("verdict", verdict_legend(ctx.judging, scale)),
         ]  # fmt: skip
+        if looks:
+            legend.append(("decided at", "the look at which the arm was decided, with the seeds an arm had run then; "
+                                         "a decided arm runs no more seeds (the adjusted p-values of a study judged "
+                                         "at several looks are its boundaries', not a number: –)"))  # fmt: skip
     if "eval_se" in table.columns:
         headers.append("eval SE")
         legend.append(("eval SE", f"the evaluation's own standard error of {ctx.metric} (over its prompts; with "
@@ -138,6 +143,7 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
             ps = [p_value(row[name], alpha) for name in ("p_value", "p_holm", "p_equivalent_holm")]
             line += [test, *ps, interval, percent(row["ci_level"]), num(row["detectable"], scale)]
             line.append(verdict_cell(row))
+            line += [row["decided_at"]] if looks else []
         if "eval_se" in table.columns:
             line.append(num(row["eval_se"], scale))
         if "health" in table.columns:
@@ -312,45 +318,40 @@ def render_power(table: pd.DataFrame, ctx: Context, delta: float, fmt: str) -> s
     return table.to_csv(index=False) if fmt == "csv" else WRITERS[fmt](planning(table, ctx, delta))
 
 
-def plot_curves(arms: list, curves: dict, metrics: list[str], folder: Path, axis: str = "step") -> list[Path]:
-    """One PNG per metric: per arm the mean over seeds at each x (``axis``: step, or a compute axis whose runs share
-    the x of their evaluations), with a ±std band where n ≥ 2."""
-    import matplotlib
+def render_plan_seeds(table: pd.DataFrame, ctx: Context, fmt: str) -> str:
+    return table.to_csv(index=False) if fmt == "csv" else WRITERS[fmt](seed_plan(table, ctx))
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
-    folder.mkdir(parents=True, exist_ok=True)
-    styles, markers = ["-", "--", "-.", ":"], ["o", "s", "^", "D", "v", "P"]
-    written = []
-    for metric in metrics:
-        fig, ax = plt.subplots(figsize=(7, 4.2), dpi=150)
-        for i, arm in enumerate(arms):
-            series = {r.info.run_id: dict(curves[r.info.run_id, metric]) for r in arm.runs}
-            frame = pd.DataFrame(series).sort_index()
-            if axis != "step":  # each run's x differ: every run interpolated at every x inside its own range
-                frame = frame.interpolate(method="index", limit_area="inside")
-            if frame.empty:
-                continue
-            mean, std = frame.mean(axis=1), frame.std(axis=1, ddof=1)
-            color = plt.cm.tab10(i % 10)
-            # arms that coincide stay visible: each its own dash pattern and marker
-            ax.plot(mean.index, mean.values, color=color, linestyle=styles[i % len(styles)], linewidth=1.6,
-                    marker=markers[i % len(markers)] if len(frame) <= 25 else None, markersize=4,
-                    label=f"{arm.label} (n={frame.shape[1]})")  # fmt: skip
-            if frame.shape[1] > 1:
-                ax.fill_between(mean.index, mean - std, mean + std, color=color, alpha=0.15, linewidth=0)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel(axis if axis == "step" else f"{axis} (perf/{'wall_s' if axis == 'wall' else axis})")
-        ax.set_ylabel(metric)
-        ax.set_title(f"{metric}: mean ± std over seeds", fontsize=11)
-        ax.grid(alpha=0.3)
-        ax.spines[["top", "right"]].set_visible(False)
-        outside = len(arms) > 4
-        ax.legend(fontsize=8, frameon=False, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1)} if outside else {}))
-        path = folder / f"{metric.replace('/', '_')}.png"
-        fig.savefig(path, bbox_inches="tight")
-        plt.close(fig)
-        written.append(path)
-    return written
+def seed_plan(table: pd.DataFrame, ctx: Context) -> Layout:
+    """``--plan-seeds``: per arm of a pilot, the seeds a fixed design and the sequential design need to decide it."""
+    scale, alpha, margin = table["sigma"].abs().max() if len(table) else 1.0, ctx.judging.alpha, ctx.judging.margin
+    looks, seconds = table.attrs.get("looks", ()), table.attrs.get("seconds", math.nan)
+    arms = max(1, len(table))
+    headers = ["arm", "n", "test", "Δ", "σ of a one-seed Δ", "fixed: seeds to decide", "sequential: mean seeds"]
+    rows = [[row["arm"], str(row["n"]), row["test"] or DASH, signed(row["delta"], scale), num(row["sigma"], scale),
+             seeds(row["fixed_seeds"], row["test"]), num(row["sequential_seeds"], 10.0)]
+            for _, row in table.iterrows()]  # fmt: skip
+    legend = [
+        ("arm", "the algorithm, its ablation and the overrides that differ between arms"),
+        ("n", "seeds this study ran (the pilot)"),
+        ("test", TESTS),
+        ("Δ", "the pilot's Δ, which the plans take as true"),
+        ("σ of a one-seed Δ", "the pilot's spread of a one-seed Δ"),
+        ("fixed: seeds to decide", f"a fresh fixed study's seeds an arm to decide it (better, worse or equivalent "
+                                   f"within ±{num(margin, scale)}) with 80% power at α/{arms} = {alpha / arms:.3g}, "
+                                   "from the 70% upper confidence bound of the pilot's variance"),
+        ("sequential: mean seeds", f"the seeds the arm runs on average under looks at {', '.join(map(str, looks))} "
+                                   f"seeds (Pocock-type spending; simulated from the pilot's Δ and the same bound "
+                                   "of σ, 400 studies)"),
+    ]  # fmt: skip
+    notes = footer(ctx)
+    fixed, mean_seeds = table["fixed_seeds"].max(), table["sequential_seeds"]
+    if not math.isnan(seconds) and len(table):
+        runs_fixed = fixed * (arms + 1)
+        runs_sequential = mean_seeds.sum() + mean_seeds.max()
+        notes.append(f"at the pilot's {seconds:.0f} s a run: a fixed design of {seeds(fixed, 'x')} seeds an arm runs "
+                     f"{runs_fixed:,.0f} runs ({runs_fixed * seconds / 3600:.1f} h on one slot); the sequential "
+                     f"design about {runs_sequential:,.0f} ({runs_sequential * seconds / 3600:.1f} h): divide by "
+                     "--jobs")  # fmt: skip
+    caption = f"seeds to decide each arm in {ctx.metric} ({ctx.reduce} per run) vs {ctx.baseline}, from this pilot"
+    return Layout(caption, headers, rows, [], notes, legend)

@@ -11,9 +11,11 @@ the error of the whole table held at α.
   still unrejected, one an arm at most, so t is at least their number and Bonferroni over them bounds the chance
   at α, whatever the tests' dependence.
 - **Looks**: in a study judged at several looks (``fractions``: the seeds at each look over the most), each hypothesis
-  is a group-sequential test (``boundaries.nominal``: Lan-DeMets spending, O'Brien-Fleming type; D two-sided as two
+  is a group-sequential test (``boundaries.nominal``: Lan-DeMets spending, Pocock-type by default; D two-sided as two
   one-sided tests at half its level, E as TOST's two one-sided tests); a step that raises a level tests the arm's
   latest look against the boundary of the raised level, Holm's step in the graphical form of Maurer & Bretz (2013).
+  The first true null rejected is rejected at some look at α/t with t at least the number of true nulls, so it
+  crossed the boundary of a group-sequential test at level α/(true nulls) of its own, and those tests spend α.
   A single look at fraction 1 is the fixed design: thresholds are the levels themselves.
 - **The interval beside a label is the one that decided it**: ``better``/``worse`` the two-sided interval at the
   level D was rejected at (1 − α/t in a fixed table), which leaves out 0; ``equivalent`` TOST's 1 − 2α/t interval,
@@ -45,6 +47,7 @@ class Judging:
     margin: float = 0.02
     alpha: float = ALPHA
     lower_is_better: bool = False
+    spending: str = "pocock"  # how a study judged at several looks spends α over them (boundaries.SPENDING)
 
     def __post_init__(self):
         if not 0 < self.alpha < 0.5:  # TOST's one-sided tests at α and 1 − 2α intervals need α < 0.5
@@ -86,16 +89,16 @@ class Verdict:
         return self.interval[1]
 
 
-def one_sided(kind: str, level: float, look: int, fractions: tuple[float, ...]) -> float:
+def one_sided(kind: str, level: float, look: int, fractions: tuple[float, ...], spending: str = "pocock") -> float:
     """The one-sided threshold π of hypothesis ``kind`` at overall ``level`` at look ``look``: D is two one-sided
     tests at level/2 (its two-sided p is held to 2π), E is TOST's two at level (its p, the larger, to π). The
     interval that matches is the two-sided 1 − 2π one."""
-    return boundaries.nominal(level / 2 if kind == DIFFERENCE else level, fractions)[look]
+    return boundaries.nominal(level / 2 if kind == DIFFERENCE else level, fractions, spending)[look]
 
 
-def threshold(kind: str, level: float, look: int, fractions: tuple[float, ...]) -> float:
+def threshold(kind: str, level: float, look: int, fractions: tuple[float, ...], spending: str = "pocock") -> float:
     """The p below which hypothesis ``kind`` is rejected."""
-    return (2 if kind == DIFFERENCE else 1) * one_sided(kind, level, look, fractions)
+    return (2 if kind == DIFFERENCE else 1) * one_sided(kind, level, look, fractions, spending)
 
 
 def p_of(comparison: Comparison, kind: str) -> float:
@@ -116,7 +119,7 @@ def step_down(latest: Mapping[str, tuple[Comparison, int]], judging: Judging, fr
         fallen = [
             (arm, kind) for arm in live for kind in (DIFFERENCE, EQUIVALENCE)
             if (arm, kind) not in rejected
-            and p_of(tested[arm], kind) < threshold(kind, level, latest[arm][1], fractions)
+            and p_of(tested[arm], kind) < threshold(kind, level, latest[arm][1], fractions, judging.spending)
         ]  # fmt: skip
         if not fallen:
             return level
@@ -160,7 +163,7 @@ def judge(latest: Mapping[str, tuple[Comparison, int]], judging: Judging, fracti
             label, interval_kind, level = "equivalent", EQUIVALENCE, fell[EQUIVALENCE]
         confidence = NAN
         if comparison.testable and not math.isnan(level):
-            confidence = 1 - 2 * one_sided(interval_kind, level, look, fractions)
+            confidence = 1 - 2 * one_sided(interval_kind, level, look, fractions, judging.spending)
         needed, why = None, ""
         if label == "inconclusive":
             needed, why = plan(comparison, judging, stop) if fixed else (None, "")

@@ -20,7 +20,7 @@ import re
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -61,6 +61,7 @@ class StudyStatus:
     driver: bool  # a driver (rlx sweep / ablate) holds the study's lock
     jobs: int
     points: list[PointStatus]
+    looks: list[str] = field(default_factory=list)  # a declared study's lines: its looks, each arm's state
 
     def count(self, state: str) -> int:
         return sum(p.state == state for p in self.points)
@@ -118,7 +119,35 @@ def gather(study: str) -> StudyStatus:
         points.append(point_status(client, label, run, folder, steps))
     experiment = client.get_experiment(parent.info.experiment_id).name
     driver = home is not None and locks.held(home / DRIVER_LOCK)
-    return StudyStatus(study, experiment, driver, int(parent.data.tags.get("rlx.jobs", 1)), points)
+    looks = look_lines(home) if home else []
+    return StudyStatus(study, experiment, driver, int(parent.data.tags.get("rlx.jobs", 1)), points, looks)
+
+
+def look_lines(home: Path) -> list[str]:
+    """A declared study's looks and, per arm, the seeds it has run and whether it was decided or runs more."""
+    from rlx_cli.studies import sequential, study_plan
+    from rlx_cli.studies.report_read import plan_values
+    from rlx_cli.studies.report_table import known_lower_is_better
+
+    plan = study_plan.stored(home)
+    if plan is None:
+        return []
+    lower = plan.direction == "lower" if plan.direction else known_lower_is_better(plan.metric)
+    values = plan_values(plan)
+    state = sequential.replay(values, plan, lower_is_better=lower)
+    lines = [f"plan: {study_plan.describe(plan)}; {state.looks_done} of {len(plan.looks)} looks done"]
+    rows = [("arm", "seeds", "state")]
+    for arm, s in state.arms.items():
+        if s.look is not None:
+            said = f"decided at look {s.look + 1}: {s.verdict.label}"
+        elif s.running:
+            said = f"running: look {state.looks_done + 1} needs {state.next_seeds[arm]} seeds"
+        else:
+            said = f"inconclusive at {plan.looks[-1]} seeds" if state.looks_done else "waiting for the first look"
+        rows.append((arm, str(len(values.get(arm, {}))), said))
+    rows.append((f"{plan.baseline} (baseline)", str(len(values.get(plan.baseline, {}))), ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    return lines + [("  " + r[0].ljust(widths[0]) + "  " + r[1].ljust(widths[1]) + "  " + r[2]).rstrip() for r in rows]
 
 
 def point_labels(points: dict[str, list[str]]) -> dict[str, str]:
@@ -196,6 +225,7 @@ def render(status: StudyStatus) -> str:
         lines.append(f"driver: not running · the same command again finishes the rest: {left} at {status.jobs} jobs")
     else:
         lines.append("driver: not running")
+    lines += status.looks
     rows = [("state", "step", "point", "")] + [
         (p.state, f"{p.step}/{p.steps}" if p.state != "pending" else f"-/{p.steps}", p.label, p.note)
         for p in status.points

@@ -78,6 +78,7 @@ class Point:
     experiment: str
     tracked: bool
     steps: int
+    arm: str = ""  # a declared study's name for the point's arm (its runs' tag rlx.arm)
 
     @property
     def key(self) -> str:

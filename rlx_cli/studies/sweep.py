@@ -23,9 +23,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from rlx_cli.config.compose import CONFIG_MODULE, ablations, choices_of, compose, explain, group_choices
+from rlx_cli.config.compose import ablations, choices_of, compose
 from rlx_cli.config.errors import UserError
 from rlx_cli.loops.track import tracking_uri
+from rlx_cli.studies.grid import applicable_overlays, expand
 from rlx_cli.studies.launchers import Job, check_launcher, make_launcher
 from rlx_cli.studies.study import (
     SEED_KEY,
@@ -41,32 +42,6 @@ from rlx_cli.studies.study import (
     retire,
     worker_overrides,
 )
-
-
-def expand(args: list[str]) -> list[list[str]]:
-    """Hydra multirun expansion: ``["a=1,2", "b=x"]`` -> ``[["a=1", "b=x"], ["a=2", "b=x"]]``."""
-    from hydra import initialize_config_module
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException, OverrideParseException
-
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-            parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
-            (points,) = BasicSweeper.split_arguments(parser.parse_overrides(list(args)), None)
-    except OverrideParseException as error:
-        first = str(error).splitlines()[0]
-        raise UserError(f"cannot parse override '{error.override}': {first} (sweeps: key=a,b · range())") from None
-    except HydraException as error:
-        if "does not support sweep type" in str(error):
-            valid = "a,b,c · range() · choice() · glob()"
-            raise UserError(f"interval() cannot be enumerated (valid sweeps: {valid})") from None
-        raise UserError(explain(str(error), list(args))) from None
-    finally:
-        GlobalHydra.instance().clear()
-    return points
 
 
 def plan(points: list[list[str]]) -> list[Point]:
@@ -136,50 +111,65 @@ def execute(
     some failed)."""
     if not STUDY_NAME.match(study):
         raise UserError(f"--study '{study}' is not a valid name (valid: letters, digits, '_', '-', '.')")
-    experiment = points[0].experiment if points[0].tracked else None
-    where = f"experiment '{experiment}' at {tracking_uri()}" if experiment else "tracking=none"
     if dry_run:
-        print(f"{title}: {len(points)} run{'s' * (len(points) != 1)} in study '{study}', {where}")
+        print(f"{title}: {len(points)} run{'s' * (len(points) != 1)} in study '{study}', {where_to(points)}")
         for point in points:
             print(f"  {point.index:03d}  {' '.join(point.overrides)}")
         return 0
     check_launcher(launcher)
-    folders = {p.index: point_folder(p, study) for p in points}
-    home = folders[points[0].index].parent  # the study's folder: its driver lock and study.json
+    home = study_home(points, study)
     with driver_lock(home, study):
-        store = Study(study, experiment, command, home, jobs) if experiment else None
-        record_points(home, study, points, folders)
-        todo = pending(points, folders, store, rerun, say=lambda line: print(f"{title}: {line}", flush=True))
-        resumed = {p.index for p in todo if last_checkpoint_step(folders[p.index]) is not None}
-        runner = make_launcher(launcher, jobs, home)
-        common = set.intersection(*(set(p.overrides) for p in points))
-        skipped = len(points) - len(todo)
-        print(
-            f"{title}: study '{study}': {len(todo)} to run ({len(resumed)} going on from their checkpoints), "
-            f"{skipped} skipped (already FINISHED), {runner.describe()}; {where}; "
-            f"outputs and logs in {home}/\ncommon overrides: {' '.join(o for o in points[0].overrides if o in common)}",
-            flush=True,
-        )
-        env = worker_env(study, store.parent_id if store else None, jobs)
-        counts = {"finished": 0, "failed": 0, "skipped": skipped}
-        started, status = time.perf_counter(), "FINISHED"
-        try:
-            run_all(todo, runner, env, folders, resumed, store, common, counts)
-        except KeyboardInterrupt:
-            status = "KILLED"
-            print(f"{title}: interrupted; runs in progress end KILLED, the rest did not start", file=sys.stderr)
-            raise
-        finally:
-            runner.close()
-            if store:
-                store.end(counts, status if status == "KILLED" else ("FAILED" if counts["failed"] else "FINISHED"))
+        code = launch(points, study, home, jobs=jobs, launcher=launcher, rerun=rerun, command=command, title=title)
+    if points[0].tracked and report:
+        print_table(study, home, title)
+    return code
+
+
+def where_to(points: list[Point]) -> str:
+    return f"experiment '{points[0].experiment}' at {tracking_uri()}" if points[0].tracked else "tracking=none"
+
+
+def study_home(points: list[Point], study: str) -> Path:
+    """The study's folder: its driver lock, study.json and plan."""
+    return point_folder(points[0], study).parent
+
+
+def launch(points: list[Point], study: str, home: Path, *, jobs: int, launcher: str, rerun: bool, command: str,
+           title: str) -> int:  # fmt: skip
+    """Run the points the study has not FINISHED, under the driver lock the caller holds -> the exit code."""
+    experiment = points[0].experiment if points[0].tracked else None
+    folders = {p.index: point_folder(p, study) for p in points}
+    store = Study(study, experiment, command, home, jobs) if experiment else None
+    record_points(home, study, points, folders)
+    todo = pending(points, folders, store, rerun, say=lambda line: print(f"{title}: {line}", flush=True))
+    resumed = {p.index for p in todo if last_checkpoint_step(folders[p.index]) is not None}
+    runner = make_launcher(launcher, jobs, home)
+    common = set.intersection(*(set(p.overrides) for p in points))
+    skipped = len(points) - len(todo)
+    print(
+        f"{title}: study '{study}': {len(todo)} to run ({len(resumed)} going on from their checkpoints), "
+        f"{skipped} skipped (already FINISHED), {runner.describe()}; {where_to(points)}; "
+        f"outputs and logs in {home}/\ncommon overrides: {' '.join(o for o in points[0].overrides if o in common)}",
+        flush=True,
+    )
+    env = worker_env(study, store.parent_id if store else None, jobs)
+    counts = {"finished": 0, "failed": 0, "skipped": skipped}
+    started, status = time.perf_counter(), "FINISHED"
+    try:
+        run_all(todo, runner, env, folders, resumed, store, common, counts)
+    except KeyboardInterrupt:
+        status = "KILLED"
+        print(f"{title}: interrupted; runs in progress end KILLED, the rest did not start", file=sys.stderr)
+        raise
+    finally:
+        runner.close()
+        if store:
+            store.end(counts, status if status == "KILLED" else ("FAILED" if counts["failed"] else "FINISHED"))
     minutes = (time.perf_counter() - started) / 60
     print(
         f"{title}: {counts['finished']} finished, {counts['failed']} failed, {counts['skipped']} skipped "
         f"in {minutes:.1f} min" + (f"; table: rlx report --study {study} --stats" if store else "")
     )
-    if store and report:
-        print_table(study, home, title)
     return 1 if counts["failed"] else 0
 
 
@@ -222,7 +212,8 @@ def run_all(todo, runner, env: dict, folders: dict, resumed: set, store, common:
             folder = folders[point.index]
             overrides = worker_overrides(point, folder)
             log, lock = (folder / "worker.log").resolve(), (folder / WORKER_LOCK).resolve()
-            job = Job([sys.executable, "-m", "rlx_cli", "train", *overrides], env, os.getcwd(), str(log), str(lock))
+            job_env = {**env, "RLX_ARM": point.arm} if point.arm else env
+            job = Job([sys.executable, "-m", "rlx_cli", "train", *overrides], job_env, os.getcwd(), str(log), str(lock))
             since_ms = int(time.time() * 1000)
             futures[pool.submit(timed, runner.call, job)] = (point, overrides, log, since_ms)
         for n, future in enumerate(as_completed(futures), 1):
@@ -270,20 +261,6 @@ def sweep_command(args: list[str], *, jobs: int = 1, launcher: str = "local", st
     command = " ".join(["rlx sweep", *args])
     return execute(points, study, jobs=jobs, launcher=launcher, dry_run=dry_run, rerun=rerun, command=command,
                    report=report)  # fmt: skip
-
-
-def applicable_overlays(base: list[str]) -> list[str]:
-    """The ``conf/ablate/`` overlays that compose and validate on top of ``base``."""
-    from rlx_cli.config.validate import validate
-
-    names = []
-    for name in group_choices().get("ablate", []):
-        try:
-            validate(compose([*base, f"+ablate={name}"]))
-        except UserError:
-            continue
-        names.append(name)
-    return names
 
 
 def ablate_points(args: list[str], seeds: int) -> list[list[str]]:
