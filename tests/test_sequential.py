@@ -97,7 +97,7 @@ def test_a_replay_names_the_seeds_of_the_next_look_and_stops_decided_arms():
     waiting = sequential.replay(values, plan)
     assert waiting.looks_done == 1 and waiting.next_seeds["y"] == 4
     nothing = sequential.replay({}, plan)
-    assert nothing.looks_done == 0 and nothing.next_seeds == {"x": 2, "y": 2, "noop": 2, "base": 2}
+    assert nothing.looks_done == 0 and nothing.next_seeds == {"base": 2, "x": 2, "y": 2, "noop": 2}
 
 
 def test_a_chaotic_control_judges_every_arm_unpaired():

@@ -119,7 +119,7 @@ def replay(values: Mapping[str, Mapping[int, float]], plan: StudyPlan, *, lower_
         states[arm] = ArmState(verdicts.get(arm, empty), look, seeds, look is None and done < len(looks))
     need = looks[done] if done < len(looks) else None
     going = [a for a, s in states.items() if s.running]
-    next_seeds = {a: need for a in [*going, plan.baseline]} if need and going else {}
+    next_seeds = {a: need for a in [plan.baseline, *going]} if need and going else {}
     return Replay(states, done, paired, control_sd, next_seeds)
 
 

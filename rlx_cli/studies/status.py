@@ -114,6 +114,9 @@ def gather(study: str) -> StudyStatus:
     points = []
     for key, label in point_labels(tokens).items():
         run, plan = newest.get(key), planned.get(key, {})
+        if plan.get("arm"):  # a declared study's point: its arm's name and its seed
+            seed = next((o.split("=")[1] for o in plan["overrides"] if o.startswith("seed=")), "?")
+            label = f"{plan['arm']} seed={seed}"
         folder = Path(plan["folder"]) if plan else output_folder(run.data.tags["rlx.overrides"])
         steps = int(plan.get("steps") or run.data.params.get("trainer.steps", 0))
         points.append(point_status(client, label, run, folder, steps))

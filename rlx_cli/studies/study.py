@@ -133,7 +133,7 @@ def record_points(home: Path, study: str, points: list[Point], folders: dict[int
     known = read_points(home)
     for point in points:
         known[point.key] = {"overrides": point.overrides, "folder": str(folders[point.index].resolve()),
-                            "steps": point.steps}  # fmt: skip
+                            "steps": point.steps, "arm": point.arm}  # fmt: skip
     tmp = home / f"{MANIFEST}.tmp"
     tmp.write_text(json.dumps({"study": study, "points": known}, indent=1))
     tmp.replace(home / MANIFEST)
