@@ -1,4 +1,4 @@
-"""DAPO's sample accounting (reports/dapo-accounting.md), from the MLflow store of run.sh's directory.
+"""DAPO's sample accounting (reports/dapo-accounting.md), from the MLflow store its plan ran into.
 
     cd DIR && python reports/dapo-accounting/accounting.py --out reports/dapo-accounting
     # the store: $MLFLOW_TRACKING_URI, default ./mlflow.db (as for rlx report)
@@ -19,6 +19,16 @@ import pandas as pd
 EXPERIMENT = "dapo-accounting"
 
 
+def arm_and_seed(run) -> tuple[str, str]:
+    """The run's arm and seed: the tags ``rlx sweep --plan`` sets, else (runs made by the run script before the plan)
+    its folder's name, runs/<arm>-s<seed>."""
+    tags = run.data.tags
+    if tags.get("rlx.arm") and tags.get("rlx.seed", "").isdigit():
+        return tags["rlx.arm"], tags["rlx.seed"]
+    arm, seed = Path(run.data.params["trainer.output_dir"]).name.rsplit("-s", 1)  # e.g. dapo_carry-s3
+    return arm, seed
+
+
 def runs() -> pd.DataFrame:
     from rlx_cli.studies.runs import connect, histories, load_runs
 
@@ -26,7 +36,7 @@ def runs() -> pd.DataFrame:
     logged = histories(connect()[1], found, ["train/draws", "train/groups_kept"])
     rows = []
     for run in found:
-        arm, seed = Path(run.data.params["trainer.output_dir"]).name.rsplit("-s", 1)  # e.g. dapo_carry-s3
+        arm, seed = arm_and_seed(run)
         prompts = int(run.data.params["rollout.prompts_per_step"])
         draws, kept = ([v for _, v in logged[run.info.run_id, key]] for key in ("train/draws", "train/groups_kept"))
         rows.append(

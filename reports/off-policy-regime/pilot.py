@@ -1,4 +1,4 @@
-"""The off-policy regime pilot's grid (reports/off-policy-regime.md), from the MLflow store of run.sh's directory.
+"""The off-policy regime pilot's grid (reports/off-policy-regime.md), from the MLflow store its plan ran into.
 
     cd DIR && python reports/off-policy-regime/pilot.py --out reports/off-policy-regime
 

@@ -3,11 +3,11 @@
     python reports/staleness/pairs.py reports/staleness/regime-runs.csv > reports/staleness/regime-pairs.md
 
 Reads a ``*-runs.csv`` that ``rlx report --out`` wrote for the study's ten arms (``grpo rollout.lag=K
-trainer.old_logp=sampler``: naive; ``grpo rollout.lag=K rollout_correction=tis trainer.old_logp=trainer``:
-decoupled) and prints, per lag, both arms' mean ± std of the table's metric, Δ = decoupled − naive, the paired
-t-test's p, the p-values adjusted over the lags, the interval of Δ that decided the verdict and its level, and the
-verdict (better, worse, equivalent within ±0.02, inconclusive with the seeds that would decide it), as
-``rlx report --stats`` judges a table's arms (``stats.judge``).
+trainer.old_logp=sampler``, or the plan's ``naive-lagK``: naive; ``grpo rollout.lag=K rollout_correction=tis
+trainer.old_logp=trainer``, or ``decoupled-lagK``: decoupled) and prints, per lag, both arms' mean ± std of the table's
+metric, Δ = decoupled − naive, the paired t-test's p, the p-values adjusted over the lags, the interval of Δ that
+decided the verdict and its level, and the verdict (better, worse, equivalent within ±0.02, inconclusive with the seeds
+that would decide it), as ``rlx report --stats`` judges a table's arms (``stats.judge``).
 """
 
 from __future__ import annotations
@@ -24,12 +24,17 @@ from rlx_cli.studies.report_format import p_value, percent, verdict_cell
 MARGIN = 0.02
 
 
+def lag_and_kind(arm: str) -> tuple[int, str]:
+    """An arm's lag and kind, from its overrides (the committed tables) or its plan's name (``naive-lag4``)."""
+    found = re.search(r"rollout\.lag=(\d+)", arm) or re.fullmatch(r"(?:naive|decoupled)-lag(\d+)", arm)
+    return int(found.group(1)), "naive" if "old_logp=sampler" in arm or arm.startswith("naive-") else "decoupled"
+
+
 def per_lag(runs: pd.DataFrame, metric: str) -> dict[int, dict[str, dict[str, float]]]:
     """{lag: {"naive" | "decoupled": {seed: value}}} of the finished runs."""
     out: dict[int, dict[str, dict[str, float]]] = {}
     for _, row in runs[runs["status"] == "FINISHED"].iterrows():
-        lag = int(re.search(r"rollout\.lag=(\d+)", row["arm"]).group(1))
-        kind = "naive" if "old_logp=sampler" in row["arm"] else "decoupled"
+        lag, kind = lag_and_kind(row["arm"])
         out.setdefault(lag, {}).setdefault(kind, {})[str(row["seed"])] = float(row[metric])
     return out
 

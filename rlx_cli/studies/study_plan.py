@@ -125,6 +125,9 @@ def check(plan: StudyPlan) -> StudyPlan:
         raise UserError(f"plan arm name {bad_names[0]!r} is not valid (valid: a non-empty name without '|')")
     if plan.baseline not in plan.arms:
         raise UserError(f"plan key 'baseline': '{plan.baseline}' is no arm (valid: {', '.join(plan.arms)})")
+    if len(plan.arms) < 2:  # sequential.replay runs seeds only for arms judged against the baseline: none would run
+        raise UserError(f"plan key 'arms': only the baseline '{plan.baseline}' (valid: the baseline and an arm to "
+                        "judge against it, or control: true for the no-op arm)")  # fmt: skip
     checks = [
         ("design", plan.design in DESIGNS, ", ".join(DESIGNS)),
         ("direction", plan.direction in (None, *DIRECTIONS), ", ".join(DIRECTIONS)),

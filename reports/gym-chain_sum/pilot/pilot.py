@@ -1,13 +1,13 @@
-"""The gym pilot's table (reports/gym-chain_sum.md, "Pilot"), from the MLflow store of run.sh's directory.
+"""The gym pilot's table (reports/gym-chain_sum.md, "Pilot"), from the MLflow store its plans ran into.
 
     cd DIR && python reports/gym-chain_sum/pilot/pilot.py --out reports/gym-chain_sum/pilot
     # the store: $MLFLOW_TRACKING_URI, default ./mlflow.db (as for rlx report)
 
-Per run (arm = <difficulty>-u<updates per rollout>, from ``trainer.output_dir``; the difficulties are easy, hard and
-run.sh's curriculum levels): the base's step-0 and the final greedy and sampled accuracy and the final sampled
-accuracy's evaluation SE (``eval/accuracy_sampled_se``). Per cell: the sampled gain (final − step 0, paired by seed)
-and its verdict, σ (the larger of the seeds' std of the final and the mean evaluation SE), the MDE a 5-seed paired
-comparison of two arms would have (√2·σ/√5 as its SE, 4 degrees of freedom, 80% power at α 0.05:
+Per run (arm = <difficulty>-u<updates per rollout>, the plan's name in the tag ``rlx.arm``; the difficulties are easy,
+hard and plan-levels.yaml's curriculum levels): the base's step-0 and the final greedy and sampled accuracy and the
+final sampled accuracy's evaluation SE (``eval/accuracy_sampled_se``). Per cell: the sampled gain (final − step 0,
+paired by seed) and its verdict, σ (the larger of the seeds' std of the final and the mean evaluation SE), the MDE a
+5-seed paired comparison of two arms would have (√2·σ/√5 as its SE, 4 degrees of freedom, 80% power at α 0.05:
 ``rlx_cli.studies.power.detectable``) and the rule: gain ≥ 3 × MDE. Writes pilot-per-run.csv, pilot-curves.csv,
 pilot-grid.csv, pilot-grid.md and pilot-curves.png to --out.
 """
@@ -23,6 +23,17 @@ import pandas as pd
 EXPERIMENT = "gym-pilot"
 STUDY_SEEDS = 5  # the study the MDE is for
 COST = {2: 1, 16: 1, 64: 4}  # updates per rollout -> backward passes over each rollout batch (epochs)
+CONTROL = "noop"  # plan-long.yaml's no-op arm: a plan's second arm, no cell of the grid
+
+
+def arm_and_seed(run) -> tuple[str, str]:
+    """The run's arm and seed: the tags ``rlx sweep --plan`` sets, else (runs made by the run scripts before the plans)
+    its folder's name, runs/<arm>-s<seed>."""
+    tags = run.data.tags
+    if tags.get("rlx.arm") and tags.get("rlx.seed", "").isdigit():
+        return tags["rlx.arm"], tags["rlx.seed"]
+    arm, seed = Path(run.data.params["trainer.output_dir"]).name.rsplit("-s", 1)  # e.g. easy-u16-s1
+    return arm, seed
 
 
 def runs(experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -33,7 +44,9 @@ def runs(experiment: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     logged = histories(connect()[1], found, ["eval/accuracy", "eval/accuracy_sampled", "eval/accuracy_sampled_se"])
     rows, curves = [], []
     for run in found:
-        arm, seed = Path(run.data.params["trainer.output_dir"]).name.rsplit("-s", 1)  # e.g. easy-u16-s1
+        arm, seed = arm_and_seed(run)
+        if arm == CONTROL:
+            continue
         difficulty, updates = arm.split("-u")
         greedy, sampled, sampled_se = (
             dict(logged[run.info.run_id, key])
@@ -133,7 +146,7 @@ def plot(curves: pd.DataFrame, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
-    parser.add_argument("--experiment", default=EXPERIMENT, help="gym-pilot-long: run.sh long's runs")
+    parser.add_argument("--experiment", default=EXPERIMENT, help="gym-pilot-long: plan-long.yaml's runs")
     args = parser.parse_args()
     per_run, curves = runs(args.experiment)
     grid = cells(per_run)
