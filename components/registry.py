@@ -7,7 +7,7 @@ placement). ``validate`` checks a YAML block against the signature so a typo fai
 
 ``rlx_cli/config/signatures.py`` reads the same signatures from the components' source (``ast``) without importing
 them (they import torch), so that ``rlx train`` refuses a bad key in a fraction of a second; ``check`` is the one check
-both use.
+both use, and ``check_type`` the one type check of a config value (the engine's keys' too).
 """
 
 from __future__ import annotations
@@ -169,7 +169,9 @@ def check(group: str, block: dict[str, Any], table: Signatures) -> None:
         if key not in signature.hyperparameters:
             keys = sorted(set(signature.hyperparameters) | wiring_keys)
             raise RegistryError(f"{group}.{key} is not a hyperparameter of {group}/{name} (valid: {', '.join(keys)})")
-        _check_type(f"{group}.{key}", value, signature.hyperparameters[key])
+        default = signature.hyperparameters[key]
+        if default is not None and default is not inspect.Parameter.empty:
+            check_type(f"{group}.{key}", value, (type(default),))
         low_high = signature.ranges.get(key)
         if low_high and value is not None and not low_high[0] <= value <= low_high[1]:
             raise RegistryError(f"{group}.{key}={value} is out of range (valid: {_show_range(low_high)})")
@@ -178,15 +180,16 @@ def check(group: str, block: dict[str, Any], table: Signatures) -> None:
             raise RegistryError(f"{group}.{key}={value!r} is not valid (valid: {', '.join(map(str, allowed))})")
 
 
-def _check_type(key: str, value: Any, default: Any) -> None:
-    if default is None or default is inspect.Parameter.empty or value is None:
+def check_type(key: str, value: Any, kinds: tuple[type, ...]) -> None:
+    """Raise ``RegistryError`` (one line naming ``key``) unless ``value`` is None or one of ``kinds``: a bool counts
+    only where ``bool`` is one of them, an int also where ``float`` is."""
+    if value is None:
         return
-    expected = type(default)
-    ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+    ok = isinstance(value, kinds) and not (bool not in kinds and isinstance(value, bool))
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
         ok = True
     if not ok:
-        raise RegistryError(f"{key}={value!r} has the wrong type (valid: {expected.__name__})")
+        raise RegistryError(f"{key}={value!r} has the wrong type (valid: {' or '.join(k.__name__ for k in kinds)})")
 
 
 def _show_range(low_high: tuple[float, float]) -> str:

@@ -283,12 +283,11 @@ def precision_of(cfg: DictConfig) -> str:
 def check(key: str, value: Any, rule: tuple) -> None:
     if value is None:
         return
-    kinds = rule[0] if isinstance(rule[0], tuple) else (rule[0],)  # a tuple: any of these types
-    type_ok = isinstance(value, kinds) and not (bool not in kinds and isinstance(value, bool))
-    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        type_ok = True
-    if not type_ok:
-        raise UserError(f"{key}={value!r} has the wrong type (valid: {' or '.join(k.__name__ for k in kinds)})")
+    registry = signatures.registry()
+    try:  # a tuple: any of these types
+        registry.check_type(key, value, rule[0] if isinstance(rule[0], tuple) else (rule[0],))
+    except registry.RegistryError as error:
+        raise UserError(str(error)) from error
     if len(rule) == 2:
         if value not in rule[1]:
             choices = (str(c).lower() if isinstance(c, bool) else str(c) for c in rule[1])  # true as YAML writes it
