@@ -170,9 +170,16 @@ def validate(cfg: DictConfig) -> None:
 
 def check_pool(cfg: DictConfig) -> None:
     """A fixed training pool (``task.pool``) holds at least the distinct prompts a step draws."""
-    pool, prompts = cfg.task.get("pool"), cfg.rollout.prompts_per_step
-    if pool is not None and pool < prompts:
-        raise UserError(f"task.pool={pool} is smaller than rollout.prompts_per_step={prompts} (valid: {prompts} or up)")
+    prompts = cfg.rollout.prompts_per_step
+    check_pool_holds(cfg.task.get("pool"), prompts, f"rollout.prompts_per_step={prompts}")
+
+
+def check_pool_holds(pool: int | None, draw: int, what: str) -> None:
+    """``task.pool`` (None: fresh problems) holds the ``draw`` distinct problems one draw takes, ``what`` naming that
+    draw for the user: checked here for a step's draw, by ``SumsTask.train_problems`` for any other (DPO's pairs);
+    its range, 1 or more, is ``ENGINE_KEYS``'."""
+    if pool is not None and pool < draw:
+        raise UserError(f"task.pool={pool} is smaller than {what} (valid: {draw} or up)")
 
 
 def check_loop(cfg: DictConfig) -> None:
