@@ -43,7 +43,7 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
     if job.launcher.name == "torchrun" and "WORLD_SIZE" not in os.environ:
         become_torchrun(overrides, job.launcher.nproc_per_node)
     from rlx_cli.engine import distributed  # torch: only once the config is known to be good
-    from rlx_cli.engine.engine import map_large_allocations
+    from rlx_cli.engine.allocator import map_large_allocations
     from rlx_cli.loops import checkpoint
 
     # from the first allocation on: glibc's moving threshold let sampling's [rows, vocabulary] tensors pile up in the
