@@ -16,18 +16,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlx_cli.config import signatures
-from rlx_cli.config.choices import PRECISIONS, STRATEGIES, resolve_precision
+from rlx_cli.config.choices import PRECISIONS, STRATEGIES, TRAINING_LOOPS, resolve_precision
 from rlx_cli.config.errors import UserError
 from rlx_cli.config.wiring import FROM_POLICY, unused_groups
 
 INF = math.inf
-# trainer.loop -> the module whose train(cfg, parts, tracker, progress, stop, state) runs the steps
-LOOPS = {
-    "rl": "rlx_cli.loops.loop",
-    "rft": "rlx_cli.loops.rft",
-    "dpo": "rlx_cli.loops.dpo",
-    "online_dpo": "rlx_cli.loops.online_dpo",
-}
 # key: (type, low, high) inclusive, or (type, allowed choices); the type may be a tuple of types
 ENGINE_KEYS: dict[str, tuple] = {
     "seed": (int, 0, 2**32 - 1),
@@ -50,7 +43,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "rollout.spo.continuations": (int, 1, 10_000),
     "rollout.spo.cutpoint_interval": (int, 1, 1_000_000),
     "rollout.spo.unfinished_reward": (float, -INF, INF),
-    "trainer.loop": (str, tuple(LOOPS)),
+    "trainer.loop": (str, TRAINING_LOOPS),
     "trainer.steps": (int, 1, 10_000_000),
     "trainer.device": (str, ("auto", "cpu", "cuda")),
     "trainer.eval_every": (int, 0, 10_000_000),
