@@ -212,11 +212,6 @@ def check_off_policy(cfg: DictConfig) -> None:
             f"rollout_correction.lower={correction.lower} is not below rollout_correction.upper={correction.upper} "
             "(valid: lower < upper)"
         )
-    if correction.name != "none" and cfg.rollout.temperature == 0:
-        raise UserError(
-            f"rollout_correction={correction.name} weighs sampled tokens by their log-probs, which greedy decoding "
-            "(rollout.temperature=0) does not give (valid: rollout.temperature > 0, or rollout_correction=none)"
-        )
     if cfg.policy_loss.name == "geo_mean" and cfg.loss_agg.mode != "seq_mean_token_mean":
         raise UserError(
             f"policy_loss=geo_mean is a mean over sequences, which loss_agg.mode={cfg.loss_agg.mode} does not weight "
