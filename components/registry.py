@@ -5,18 +5,17 @@ from the papers. ``conf/<group>/<name>.yaml`` holds ``name: <name>`` plus those 
 for some groups, *wiring keys* that tell the engine where the function plugs in (a coefficient, a
 placement). ``validate`` checks a YAML block against the signature so a typo fails before a run.
 
-``declared`` reads the same signatures from the components' source (``ast``) without importing them (they import
-torch), so that ``rlx train`` refuses a bad key in a fraction of a second; ``check`` is the one check both use.
+``rlx_cli/config/signatures.py`` reads the same signatures from the components' source (``ast``) without importing
+them (they import torch), so that ``rlx train`` refuses a bad key in a fraction of a second; ``check`` is the one check
+both use, and ``check_type`` the one type check of a config value (the engine's keys' too).
 """
 
 from __future__ import annotations
 
-import ast
 import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 _FUNCTIONS: dict[str, dict[str, Callable]] = {}
@@ -153,7 +152,8 @@ def validate(group: str, block: dict[str, Any]) -> None:
 
 
 def check(group: str, block: dict[str, Any], table: Signatures) -> None:
-    """``validate`` against ``table`` (``signatures()``, or ``declared()`` where the components are not imported)."""
+    """``validate`` against ``table`` (``signatures()``, or ``rlx_cli.config.signatures.declared()`` where the
+    components are not imported)."""
     valid = sorted(table.get(group, {}))
     if "name" not in block:
         raise RegistryError(f"{group}.name is missing (valid: {', '.join(valid)})")
@@ -169,7 +169,9 @@ def check(group: str, block: dict[str, Any], table: Signatures) -> None:
         if key not in signature.hyperparameters:
             keys = sorted(set(signature.hyperparameters) | wiring_keys)
             raise RegistryError(f"{group}.{key} is not a hyperparameter of {group}/{name} (valid: {', '.join(keys)})")
-        _check_type(f"{group}.{key}", value, signature.hyperparameters[key])
+        default = signature.hyperparameters[key]
+        if default is not None and default is not inspect.Parameter.empty:
+            check_type(f"{group}.{key}", value, (type(default),))
         low_high = signature.ranges.get(key)
         if low_high and value is not None and not low_high[0] <= value <= low_high[1]:
             raise RegistryError(f"{group}.{key}={value} is out of range (valid: {_show_range(low_high)})")
@@ -178,15 +180,16 @@ def check(group: str, block: dict[str, Any], table: Signatures) -> None:
             raise RegistryError(f"{group}.{key}={value!r} is not valid (valid: {', '.join(map(str, allowed))})")
 
 
-def _check_type(key: str, value: Any, default: Any) -> None:
-    if default is None or default is inspect.Parameter.empty or value is None:
+def check_type(key: str, value: Any, kinds: tuple[type, ...]) -> None:
+    """Raise ``RegistryError`` (one line naming ``key``) unless ``value`` is None or one of ``kinds``: a bool counts
+    only where ``bool`` is one of them, an int also where ``float`` is."""
+    if value is None:
         return
-    expected = type(default)
-    ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+    ok = isinstance(value, kinds) and not (bool not in kinds and isinstance(value, bool))
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
         ok = True
     if not ok:
-        raise RegistryError(f"{key}={value!r} has the wrong type (valid: {expected.__name__})")
+        raise RegistryError(f"{key}={value!r} has the wrong type (valid: {' or '.join(k.__name__ for k in kinds)})")
 
 
 def _show_range(low_high: tuple[float, float]) -> str:
@@ -194,82 +197,3 @@ def _show_range(low_high: tuple[float, float]) -> str:
     if math.isinf(high):
         return f">= {low}"
     return f"{low} to {high}"
-
-
-class Undeclared(ValueError):
-    """A registration ``declared`` cannot read without running the module (a default computed by a call)."""
-
-
-def declared(root: Path | None = None) -> Signatures:
-    """Every ``@register``-ed function's ``Signature``, read from the source of the package at ``root`` (this
-    package's folder) without importing it: the decorator's group, name, ``ranges`` and ``choices`` and the
-    function's parameters, evaluated from literals, ``math`` constants and the modules' own constants (also those
-    imported from another module of the package). ``Undeclared`` names what it cannot read; tests/test_registry.py
-    holds it equal to ``signatures()``."""
-    root = Path(__file__).parent if root is None else root
-    modules = {".".join((root.name, *f.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"):
-               ast.parse(f.read_text(), str(f)) for f in sorted(root.rglob("*.py"))}  # fmt: skip
-    table: Signatures = {}
-    for module, tree in modules.items():
-        for fn in (node for node in tree.body if isinstance(node, ast.FunctionDef)):
-            for decorator in fn.decorator_list:
-                if _registers(decorator):
-                    group, name, signature = _declaration(fn, decorator, module, modules)
-                    table.setdefault(group, {})[name] = signature
-    return table
-
-
-def _registers(decorator: ast.expr) -> bool:
-    """Whether ``decorator`` is a call of ``register`` (or ``registry.register``)."""
-    called = decorator.func if isinstance(decorator, ast.Call) else None
-    return (isinstance(called, ast.Name) and called.id == "register") or (
-        isinstance(called, ast.Attribute) and called.attr == "register"
-    )
-
-
-def _declaration(fn: ast.FunctionDef, decorator: ast.Call, module: str, modules: dict[str, ast.Module]):
-    """(group, name, Signature) of ``fn`` registered by ``decorator`` in ``module``."""
-    value = lambda node: _literal(node, module, modules)  # noqa: E731
-    group, name = (value(arg) for arg in decorator.args[:2])
-    options = {kw.arg: value(kw.value) for kw in decorator.keywords}
-    args = fn.args
-    keyword = {a.arg: inspect.Parameter.empty if d is None else value(d)
-               for a, d in zip(args.kwonlyargs, args.kw_defaults)}  # fmt: skip
-    every = tuple(a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs))
-    ranges, choices = dict(options.get("ranges") or {}), dict(options.get("choices") or {})
-    return group, name, Signature(every, keyword, ranges, choices, f"{module}.{fn.name}")
-
-
-OPERATORS = {ast.USub: lambda x: -x, ast.UAdd: lambda x: +x, ast.Add: lambda x, y: x + y,
-             ast.Sub: lambda x, y: x - y, ast.Mult: lambda x, y: x * y, ast.Div: lambda x, y: x / y,
-             ast.Pow: lambda x, y: x**y}  # fmt: skip
-
-
-def _literal(node: ast.AST, module: str, modules: dict[str, ast.Module]) -> Any:
-    """The value of ``node`` in ``module``: a literal, a tuple, list or dict of them, arithmetic on them, ``math.X``,
-    or a module-level name bound to one (in this module, or imported from another of ``modules``)."""
-    again = lambda child: _literal(child, module, modules)  # noqa: E731
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Tuple | ast.List):
-        values = [again(element) for element in node.elts]
-        return values if isinstance(node, ast.List) else tuple(values)
-    if isinstance(node, ast.Dict) and None not in node.keys:
-        return {again(k): again(v) for k, v in zip(node.keys, node.values)}
-    if isinstance(node, ast.UnaryOp) and type(node.op) in OPERATORS:
-        return OPERATORS[type(node.op)](again(node.operand))
-    if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
-        return OPERATORS[type(node.op)](again(node.left), again(node.right))
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "math":
-        return getattr(math, node.attr)
-    if isinstance(node, ast.Name):
-        for statement in reversed(modules[module].body):  # the last binding at module level wins
-            if isinstance(statement, ast.Assign | ast.AnnAssign) and statement.value is not None:
-                targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-                if any(isinstance(t, ast.Name) and t.id == node.id for t in targets):
-                    return again(statement.value)
-            if isinstance(statement, ast.ImportFrom) and statement.module in modules:
-                for alias in statement.names:
-                    if (alias.asname or alias.name) == node.id:
-                        return _literal(ast.Name(alias.name), statement.module, modules)
-    raise Undeclared(f"{module}, line {getattr(node, 'lineno', '?')}: {ast.unparse(node)} is not a literal")

@@ -63,6 +63,29 @@ def test_too_small_a_space_for_held_out_and_training_prompts_is_one_line():
         task.train_problems(1, seed=0, step=0)
 
 
+LEVEL00 = {"min_digits": 1, "max_digits": 1, "min_terms": 2, "max_terms": 2}  # 200 questions in all
+
+
+def test_a_config_that_leaves_fewer_training_questions_than_the_run_draws_says_so_at_start_up():
+    """reports/gym-chain_sum.md's level00: the 200 held-out entries take 133 of its 200 questions, 67 are left."""
+    from rlx_cli.config.compose import compose, job_config
+    from rlx_cli.loops.build import meaning_notes
+
+    task = gym(config=LEVEL00, eval_size=200)
+    assert task.distinct_training_questions(10_000) == 67
+    assert task.distinct_training_questions(66) is None  # stops once more than enough turn up
+    level00 = "task.config={min_digits: 1, max_digits: 1, min_terms: 2, max_terms: 2}"
+    cfg = job_config(compose(["task=gym", level00, "trainer.steps=100", "rollout.prompts_per_step=16"]))
+    assert meaning_notes(cfg, task) == [
+        "task.dataset=chain_sum task.config={min_digits: 1, max_digits: 1, min_terms: 2, max_terms: 2}: 20,000 draws "
+        "find 67 distinct training questions (the held-out ones excluded), fewer than the 1,600 this run draws "
+        "(trainer.steps x rollout.prompts_per_step): it trains on the same questions again"
+    ]
+    assert meaning_notes(job_config(compose(["task=gym", level00, "trainer.steps=4"])), task) == []  # 32 draws
+    default = job_config(compose(["task=gym", "trainer.steps=100", "rollout.prompts_per_step=16"]))
+    assert meaning_notes(default, gym(config=dict(default.task.config), eval_size=200)) == []  # about 4,000 of them
+
+
 def test_the_score_is_the_datasets_own_on_the_extracted_answer():
     task = gym(config={"max_terms": 2, "max_digits": 2})
     problem = task.eval_problems[0]

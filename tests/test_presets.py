@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 
 import pytest
 from conftest import SHORT, undocumented_metrics
@@ -35,6 +36,16 @@ def test_the_expected_presets_and_overlays_exist():
 @pytest.mark.parametrize("algo", ALGOS)
 def test_every_preset_validates(algo):
     validate(compose([f"algo={algo}"]))
+
+
+def test_every_training_loop_validate_accepts_is_a_module_that_trains():
+    """``trainer.loop``'s valid names (config/choices.py, checked without importing a loop) are loops/run.py's LOOPS,
+    each a module with its ``train``."""
+    from rlx_cli.config.choices import TRAINING_LOOPS
+    from rlx_cli.loops.run import LOOPS
+
+    assert tuple(LOOPS) == TRAINING_LOOPS
+    assert all(callable(importlib.import_module(module).train) for module in LOOPS.values())
 
 
 @functools.cache

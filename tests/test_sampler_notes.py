@@ -1,5 +1,6 @@
-"""What a run tells its user once about how it samples: the settings of a model's generation_config.json that
-``rollout=fast`` does not apply."""
+"""What a run tells its user once at start-up about how it samples (the settings of a model's generation_config.json
+that ``rollout=fast`` does not apply) and what its settings make of the method (a group of one without a baseline;
+task=gym's question space: test_gym_task.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from conftest import save_tiny_llama
 
 from rlx_cli.config.compose import compose, job_config
-from rlx_cli.loops.build import build, unread_generation_settings
+from rlx_cli.loops.build import build, meaning_notes, unread_generation_settings
 from rlx_cli.loops.progress import Progress
 
 
@@ -46,3 +47,19 @@ def test_a_run_says_once_whether_the_decode_step_fuses_the_layers(model_dir, cap
         build(job_config(compose(settings)), Progress(quiet=True))
         notes = [line for line in capsys.readouterr().err.splitlines() if "decodes with" in line]
         assert len(notes) == 1 and path in notes[0], notes
+
+
+def test_a_group_of_one_under_a_group_baseline_says_once_that_it_is_reinforce_without_a_baseline(model_dir, capsys):
+    settings = ["model=hf", f"model.path={model_dir}", "trainer.threads=1", "algo=grpo"]
+    build(job_config(compose([*settings, "rollout.group_size=1"])), Progress(quiet=True))
+    notes = [line for line in capsys.readouterr().err.splitlines() if "baseline" in line]
+    assert notes == [
+        "rollout.group_size=1: advantage=grpo has no other answer to compare each with, so an answer's advantage is "
+        "its raw score: REINFORCE without a baseline"
+    ]
+    build(job_config(compose(settings)), Progress(quiet=True))
+    assert "baseline" not in capsys.readouterr().err  # a group of 8
+    for overrides, noted in ((["algo=rloo", "rollout.group_size=1"], True), (["algo=reinforce_pp"], False),
+                             (["algo=ppo"], False), (["algo=grpo", "+ablate=no_group_sampling"], True)):  # fmt: skip
+        cfg = job_config(compose(overrides))
+        assert any("without a baseline" in note for note in meaning_notes(cfg, None)) is noted, overrides

@@ -8,19 +8,19 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from conftest import mlflow_runs, rlx
 
+from rlx_cli.config import locks
 from rlx_cli.config.errors import UserError
-from rlx_cli.studies import locks
 from rlx_cli.studies.study import DRIVER_LOCK, WORKER_LOCK, Point, Study, point_folder, record_points
 
 HOLD = (
-    "import sys, time\nfrom pathlib import Path\n"
-    "from rlx_cli.studies import locks\nfd = locks.take(Path(sys.argv[1]))\n"
+    "import sys, time\nfrom pathlib import Path\nfrom rlx_cli.config import locks\nfd = locks.take(Path(sys.argv[1]))\n"
 )
 
 
@@ -43,6 +43,27 @@ def test_a_lock_is_held_exactly_while_its_holder_lives(tmp_path):
     fd = locks.take(lock)
     assert fd is not None and locks.held(lock)
     os.close(fd)
+
+
+def test_holding_a_lock_waits_for_its_holder_and_lets_go_on_leaving(tmp_path):
+    """``locks.holding``: a fresh MLflow store's tables and a base model built by one process at a time."""
+    lock, entered, leave = tmp_path / "store" / "one.lock", threading.Event(), threading.Event()
+    proc = holder(lock)
+
+    def hold():
+        with locks.holding(lock):
+            entered.set()
+            leave.wait(30)
+
+    waiter = threading.Thread(target=hold)
+    waiter.start()
+    assert not entered.wait(0.5)  # the other process holds it
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert entered.wait(30) and locks.held(lock)
+    leave.set()
+    waiter.join()
+    assert not locks.held(lock)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")

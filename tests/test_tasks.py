@@ -69,3 +69,13 @@ def test_a_fixed_pool_is_drawn_once_per_seed_and_each_step_takes_distinct_proble
     assert len(other_seed) == 20 and other_seed != seen
     fresh = SumsTask(min_terms=3, max_terms=8, eval_size=4, eval_seed=1)
     assert len({p for step in range(30) for p in fresh.train_problems(8, seed=0, step=step)}) > 150
+
+
+def test_a_draw_larger_than_the_pool_is_refused_in_one_line_naming_it():
+    """DPO's pairs draw ``preference.pool_prompts`` problems at once, past the step's draw that validate checks."""
+    task = SumsTask(min_terms=3, max_terms=8, eval_size=4, eval_seed=1, pool=20)
+    assert len(set(task.train_problems(20, seed=0, step=0))) == 20  # the whole pool
+    with pytest.raises(
+        UserError, match=r"^task\.pool=20 is smaller than the 21 problems this draw takes \(valid: 21 or up\)$"
+    ):
+        task.train_problems(21, seed=0, step=0)

@@ -1,5 +1,6 @@
 """A mistake in a config is refused without importing torch: the components' signatures read from their source
-(``registry.declared``) equal the registered functions' own, and ``rlx train`` with a bad value imports no torch."""
+(``rlx_cli.config.signatures.declared``) equal the registered functions' own, and ``rlx train`` with a bad value
+imports no torch."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import pytest
 from conftest import REPO
 
 from components import registry
+from rlx_cli.config import signatures
 
 
 def test_declared_signatures_are_the_registered_functions_own():
-    declared, registered = registry.declared(), registry.signatures()
+    declared, registered = signatures.declared(), registry.signatures()
     assert declared.keys() == registered.keys()
     for group, members in registered.items():
         assert declared[group] == members, group
@@ -40,15 +42,15 @@ def test_declared_reads_constants_imported_from_a_sibling_and_names_what_it_cann
     """)
     )
     (package / "other.py").write_text('@registry.register("g", "other")\ndef other(t, *, y):\n    return t\n')
-    table = registry.declared(package)
+    table = signatures.declared(package)
     thing = table["g"]["thing"]
     assert thing.parameters == ("t", "mask", "x", "kind", "scale") and thing.source == "parts.sub.thing.thing"
     assert thing.hyperparameters == {"x": 1.5, "kind": "a", "scale": 6}
     assert thing.ranges == {"x": (-0.5, math.inf)} and thing.choices == {"kind": ("a", "b")}
     assert table["g"]["other"].hyperparameters == {"y": registry.inspect.Parameter.empty}
     (package / "called.py").write_text('@register("g", "called")\ndef called(t, *, z=float("inf")):\n    return t\n')
-    with pytest.raises(registry.Undeclared, match=r"parts.called, line 2: float\('inf'\) is not a literal"):
-        registry.declared(package)
+    with pytest.raises(signatures.Undeclared, match=r"parts.called, line 2: float\('inf'\) is not a literal"):
+        signatures.declared(package)
 
 
 def python(*args: str) -> subprocess.CompletedProcess:

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from components.loss_agg import MODES, aggregate
 from components.masked import as_bool, masked_count, masked_mean, masked_sum, masked_top_k, share_count
-from components.policy_loss.ratios import clamped_ratio, corrected, fraction, ratio_metrics
+from components.policy_loss.ratios import clamped_ratio, corrected, fraction, ratio_metrics, reported
 from components.registry import register
 
 
@@ -54,14 +54,11 @@ def ppo_clip(
     negative = advantages < 0
     per_token = torch.where(negative, torch.minimum(per_token, -advantages * clip_ratio_c), per_token)
     loss = aggregate(corrected(per_token, weights), mask, mode=agg)
-
-    with torch.no_grad():
-        real = as_bool(mask)
-        metrics = {
-            **ratio_metrics(advantages, log_ratio, ratio, real, eps_low, eps_high),
-            "dual_clip_frac": fraction(negative & (ratio > clip_ratio_c), real),
-        }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    real = as_bool(mask)
+    return reported(loss, lambda: {
+        **ratio_metrics(advantages, log_ratio, ratio, real, eps_low, eps_high),
+        "dual_clip_frac": fraction(negative & (ratio > clip_ratio_c), real),
+    })  # fmt: skip
 
 
 @register(
@@ -127,15 +124,12 @@ def clip_cov(
         picked = random_subset(candidates, count)
     per_token = torch.where(picked, torch.zeros((), dtype=per_token.dtype, device=per_token.device), per_token)
     loss = aggregate(corrected(per_token, weights), mask, mode=agg)
-
-    with torch.no_grad():
-        metrics = {
-            "cov_frac": fraction(picked, real),
-            "cov_candidate_frac": fraction(candidates, real),
-            "cov_mean": masked_mean(cov, real),
-            **ratio_metrics(advantages, log_ratio, ratio, real, eps_low, eps_high),
-        }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    return reported(loss, lambda: {
+        "cov_frac": fraction(picked, real),
+        "cov_candidate_frac": fraction(candidates, real),
+        "cov_mean": masked_mean(cov, real),
+        **ratio_metrics(advantages, log_ratio, ratio, real, eps_low, eps_high),
+    })  # fmt: skip
 
 
 @register(
@@ -186,15 +180,12 @@ def kl_cov(
     penalty = torch.where(picked, kl_coef * difference.abs(), torch.zeros((), dtype=ratio.dtype, device=ratio.device))
     per_token = -advantages * ratio + penalty
     loss = aggregate(corrected(per_token, weights), mask, mode=agg)
-
-    with torch.no_grad():
-        metrics = {
-            "cov_frac": fraction(picked, real),
-            "cov_mean": masked_mean(cov, real),
-            "abs_kl": masked_mean(difference.abs(), real),
-            **ratio_metrics(advantages, log_ratio, ratio, real),
-        }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    return reported(loss, lambda: {
+        "cov_frac": fraction(picked, real),
+        "cov_mean": masked_mean(cov, real),
+        "abs_kl": masked_mean(difference.abs(), real),
+        **ratio_metrics(advantages, log_ratio, ratio, real),
+    })  # fmt: skip
 
 
 @register("policy_loss", "none", choices={"agg": MODES})

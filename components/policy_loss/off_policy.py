@@ -15,9 +15,11 @@ from components.loss_agg import MODES, aggregate
 from components.masked import as_bool, masked_count, masked_mean, masked_sum
 from components.policy_loss.ratios import (
     clamped_ratio,
+    clip_fractions,
     corrected,
     fraction,
     ratio_metrics,
+    reported,
     sequence_log_ratio,
     sequence_ratio_metrics,
 )
@@ -62,15 +64,11 @@ def gspo(
     s = torch.exp(log_s)
     per_token = torch.maximum(-advantages * s, -advantages * s.clamp(1.0 - eps_low, 1.0 + eps_high))
     loss = aggregate(corrected(per_token, weights), mask, mode=agg)
-
-    with torch.no_grad():
-        metrics = {
-            "clip_frac_high": fraction((advantages > 0) & (s > 1.0 + eps_high), real),
-            "clip_frac_low": fraction((advantages < 0) & (s < 1.0 - eps_low), real),
-            **sequence_ratio_metrics(seq_log_ratio, real),
-            **ratio_metrics(advantages, *clamped_ratio(logp, old_logp), real),
-        }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    return reported(loss, lambda: {
+        **clip_fractions(advantages, s, real, 1.0 - eps_low, 1.0 + eps_high),
+        **sequence_ratio_metrics(seq_log_ratio, real),
+        **ratio_metrics(advantages, *clamped_ratio(logp, old_logp), real),
+    })  # fmt: skip
 
 
 @register(
@@ -109,17 +107,14 @@ def cispo(
     weight = ratio.detach().clamp(low, 1.0 + eps_high)
     per_token = -weight * advantages * logp
     loss = aggregate(corrected(per_token, weights), mask, mode=agg)
-
-    with torch.no_grad():
-        real = as_bool(mask)
-        below = torch.zeros_like(real) if low is None else ratio < low
-        weighted = advantages != 0  # a token without advantage has no gradient for a bound to change
-        metrics = {
-            "clip_frac_high": fraction(weighted & (ratio > 1.0 + eps_high), real),
-            "clip_frac_low": fraction(weighted & below, real),
-            **ratio_metrics(advantages, log_ratio, ratio, real),
-        }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    real = as_bool(mask)
+    below = torch.zeros_like(real) if low is None else ratio < low
+    weighted = advantages != 0  # a token without advantage has no gradient for a bound to change
+    return reported(loss, lambda: {
+        "clip_frac_high": fraction(weighted & (ratio > 1.0 + eps_high), real),
+        "clip_frac_low": fraction(weighted & below, real),
+        **ratio_metrics(advantages, log_ratio, ratio, real),
+    })  # fmt: skip
 
 
 @register(
@@ -158,17 +153,14 @@ def sapo(
     gate = torch.sigmoid(tau * (ratio - 1.0))
     per_token = -(gate * 4.0 / tau) * advantages
     loss = aggregate(corrected(per_token, weights), mask, mode=agg)
-
-    with torch.no_grad():
-        real = as_bool(mask)
-        slope = 4.0 * gate * (1.0 - gate)
-        weighted = advantages != 0  # a token without advantage has no gradient to keep a share of
-        metrics = {
-            "gate_slope_mean": masked_mean(slope, real),
-            "gate_slope_low_frac": fraction(weighted & (slope < 0.5), real),
-            **ratio_metrics(advantages, log_ratio, ratio, real),
-        }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    real = as_bool(mask)
+    slope = 4.0 * gate.detach() * (1.0 - gate.detach())
+    weighted = advantages != 0  # a token without advantage has no gradient to keep a share of
+    return reported(loss, lambda: {
+        "gate_slope_mean": masked_mean(slope, real),
+        "gate_slope_low_frac": fraction(weighted & (slope < 0.5), real),
+        **ratio_metrics(advantages, log_ratio, ratio, real),
+    })  # fmt: skip
 
 
 @register(
@@ -210,12 +202,8 @@ def geo_mean(
         per_row = per_row * torch.exp(masked_sum(torch.log(weights.detach() + 1e-10), real, dim=-1) / tokens)
     rows = real.any(-1)
     loss = masked_sum(per_row, rows) / masked_count(rows).clamp(min=1)
-
-    with torch.no_grad():
-        metrics = {
-            "clip_frac_high": fraction((advantages > 0) & (difference > eps_high), real),
-            "clip_frac_low": fraction((advantages < 0) & (difference < -eps_low), real),
-            **sequence_ratio_metrics(sequence_log_ratio(logp, old_logp, real), real),
-            **ratio_metrics(advantages, *clamped_ratio(logp, old_logp), real),
-        }
-    return loss, {k: v.detach() for k, v in metrics.items()}
+    return reported(loss, lambda: {
+        **clip_fractions(advantages, difference, real, -eps_low, eps_high),
+        **sequence_ratio_metrics(sequence_log_ratio(logp, old_logp, real), real),
+        **ratio_metrics(advantages, *clamped_ratio(logp, old_logp), real),
+    })  # fmt: skip

@@ -1,7 +1,10 @@
-"""What the policy losses share: the clamped ratio, rollout-correction weights on a per-token loss, and the ratio
-metrics. Their meanings, one per name across every loss: docs/metrics.md."""
+"""What the policy losses share: the clamped ratio, rollout-correction weights on a per-token loss, the ratio
+metrics and the clip fractions, and the ``(loss, metrics)`` they return. Their meanings, one per name across every
+loss: docs/metrics.md."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -39,18 +42,34 @@ def corrected(per_token: Tensor, weights: Tensor | None) -> Tensor:
 
 def ratio_metrics(advantages, log_ratio, ratio, real, eps_low=None, eps_high=None) -> dict[str, Tensor]:
     """The token-ratio metrics every policy loss logs, over the real tokens (``[B, T]`` inputs): ``approx_kl``,
-    ``ratio_mean``, ``ratio_max``; and with a clip range PPO's clip fractions, the real tokens whose gradient a
-    bound removed: ``clip_frac_high`` (A > 0, ratio > 1 + eps_high), ``clip_frac_low`` (A < 0, ratio < 1 − eps_low)."""
+    ``ratio_mean``, ``ratio_max``; and with a clip range PPO's clip fractions of the token ratios (``clip_fractions``
+    at 1 − eps_low and 1 + eps_high)."""
     metrics = {}
     if eps_low is not None:
-        metrics["clip_frac_high"] = fraction((advantages > 0) & (ratio > 1.0 + eps_high), real)
-        metrics["clip_frac_low"] = fraction((advantages < 0) & (ratio < 1.0 - eps_low), real)
+        metrics.update(clip_fractions(advantages, ratio, real, 1.0 - eps_low, 1.0 + eps_high))
     metrics["approx_kl"] = masked_mean(-log_ratio, real)
     metrics["ratio_mean"] = masked_mean(ratio, real)
     metrics["ratio_max"] = masked_max(ratio, real)
     return metrics
 
 
+def clip_fractions(advantages: Tensor, clipped: Tensor, real: Tensor, low: float, high: float) -> dict[str, Tensor]:
+    """PPO's clip fractions, the real tokens whose gradient a bound removed (``[B, T]`` inputs): ``clip_frac_high``
+    (A > 0, ``clipped`` > ``high``) and ``clip_frac_low`` (A < 0, ``clipped`` < ``low``), ``clipped`` being what the
+    loss clips: the token ratio (PPO), GSPO's sequence ratio, GMPO's log-ratio (its bounds ± eps)."""
+    return {
+        "clip_frac_high": fraction((advantages > 0) & (clipped > high), real),
+        "clip_frac_low": fraction((advantages < 0) & (clipped < low), real),
+    }
+
+
 def fraction(hit: Tensor, real: Tensor) -> Tensor:
     """The share of the real tokens where ``hit`` holds (0-d)."""
     return masked_mean(hit.float(), real)
+
+
+def reported(loss: Tensor, metrics: Callable[[], dict[str, Tensor]]) -> tuple[Tensor, dict[str, Tensor]]:
+    """What every policy loss returns: ``(loss, metrics())``, the metrics computed without a graph and detached
+    (0-d tensors)."""
+    with torch.no_grad():
+        return loss, {k: v.detach() for k, v in metrics().items()}

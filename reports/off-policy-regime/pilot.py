@@ -1,12 +1,15 @@
 """The off-policy regime pilot's grid (reports/off-policy-regime.md), from the MLflow store its plan ran into.
 
     cd DIR && python reports/off-policy-regime/pilot.py --out reports/off-policy-regime
+    # the store: $MLFLOW_TRACKING_URI, default ./mlflow.db (as for rlx report)
 
-Per run: the base's step-0 and the final greedy and sampled accuracy, their standard errors over the 500 prompts
-(√(p(1 − p)/n): one answer a prompt), the clipped share of tokens at mid-run (clip_frac_high + clip_frac_low, mean
-over steps 8–12) and `train/rollout_kl` (mean over the run). Per cell (lr × updates per rollout × lag): the means
-over seeds, the sampled gain's verdict (final against step 0, paired by seed, `rlx_cli.studies.stats.verdict`) and
-the rule's three tests. Writes pilot-per-run.csv, pilot-grid.csv, pilot-grid.md and pilot-heatmap.png to --out.
+Per run (``rlx_cli.studies.runs``' FINISHED runs and histories): the base's step-0 and the final greedy and sampled
+accuracy, their standard errors over the 500 prompts (the evaluation's own, ``rlx_cli.loops.evaluation``'s
+``standard_error``, of one answer a prompt: √(p(1 − p)/(n − 1))), the clipped share of tokens at mid-run
+(clip_frac_high + clip_frac_low, mean over steps 8–12) and `train/rollout_kl` (mean over the run). Per cell (lr ×
+updates per rollout × lag): the means over seeds, the sampled gain's verdict (final against step 0, paired by seed,
+`rlx_cli.studies.stats.verdict`) and the rule's three tests. Writes pilot-per-run.csv, pilot-grid.csv, pilot-grid.md
+and pilot-heatmap.png to --out.
 """
 
 from __future__ import annotations
@@ -21,21 +24,20 @@ EXPERIMENT = "off-policy-regime"
 PROMPTS = 500  # task=long_sums' eval_size
 MID = range(8, 13)  # the steps whose clipped share counts as mid-run
 UPDATES = {(1, 4): 4, (4, 4): 16, (4, 16): 64}  # (epochs, minibatches) -> optimizer updates per rollout
+METRICS = ["eval/accuracy", "eval/accuracy_sampled", "train/clip_frac_high", "train/clip_frac_low", "train/rollout_kl"]
 
 
-def runs(uri: str) -> pd.DataFrame:
-    from mlflow.tracking import MlflowClient
+def runs() -> pd.DataFrame:
+    from rlx_cli.studies.runs import connect, histories, load_runs
 
-    client = MlflowClient(uri)
-    experiment = client.get_experiment_by_name(EXPERIMENT)
+    found = load_runs(EXPERIMENT, None)
+    logged = histories(connect()[1], found, METRICS)
     rows = []
-    for run in client.search_runs([experiment.experiment_id]):
-        if run.info.status != "FINISHED":
-            continue
+    for run in found:
         p = run.data.params
-        history = curves_of(client, run.info.run_id)
-        greedy, sampled = history("eval/accuracy"), history("eval/accuracy_sampled")
-        high, low, kl = history("train/clip_frac_high"), history("train/clip_frac_low"), history("train/rollout_kl")
+        history = {key: dict(logged[run.info.run_id, key]) for key in METRICS}  # metric -> {step: value}
+        greedy, sampled = history["eval/accuracy"], history["eval/accuracy_sampled"]
+        high, low, kl = history["train/clip_frac_high"], history["train/clip_frac_low"], history["train/rollout_kl"]
         last = max(greedy)
         rows.append(
             {
@@ -55,13 +57,15 @@ def runs(uri: str) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(["updates", "lr", "lag", "seed"]).reset_index(drop=True)
 
 
-def curves_of(client, run_id: str):
-    """metric -> {step: value} of one run."""
-    return lambda key: {m.step: m.value for m in client.get_metric_history(run_id, key)}
-
-
 def se(p: float) -> float:
-    return math.sqrt(p * (1 - p) / PROMPTS)
+    """The standard error the evaluation logs for accuracy ``p`` over the 500 prompts, one answer a prompt (a
+    score of 1 on p·500 of them, 0 on the rest)."""
+    import torch
+
+    from rlx_cli.loops.evaluation import standard_error
+
+    right = round(p * PROMPTS)
+    return standard_error(torch.tensor([1.0] * right + [0.0] * (PROMPTS - right), dtype=torch.float64), PROMPTS)[1]
 
 
 def cells(per_run: pd.DataFrame) -> pd.DataFrame:
@@ -142,10 +146,9 @@ def heatmap(grid: pd.DataFrame, path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--uri", default="sqlite:///mlflow.db")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
-    per_run = runs(args.uri)
+    per_run = runs()
     per_run["greedy_final_se"] = per_run.greedy_final.map(se)
     per_run["sampled_final_se"] = per_run.sampled_final.map(se)
     grid = cells(per_run)

@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # composing needs no torch: a wrong choice or key is reported
 
 PRECISIONS = ("auto", "fp32", "bf16-mixed", "bf16-true")  # trainer.precision (engine/precision.py)
 STRATEGIES = ("ddp", "zero1", "fsdp")  # trainer.strategy (engine/sharding.py)
+TRAINING_LOOPS = ("rl", "rft", "dpo", "online_dpo")  # trainer.loop (loops/run.py's LOOPS: the module of each)
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

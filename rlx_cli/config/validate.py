@@ -16,18 +16,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlx_cli.config import signatures
-from rlx_cli.config.choices import PRECISIONS, STRATEGIES, resolve_precision
+from rlx_cli.config.choices import PRECISIONS, STRATEGIES, TRAINING_LOOPS, resolve_precision
 from rlx_cli.config.errors import UserError
 from rlx_cli.config.wiring import FROM_POLICY, unused_groups
 
 INF = math.inf
-# trainer.loop -> the module whose train(cfg, parts, tracker, progress, stop, state) runs the steps
-LOOPS = {
-    "rl": "rlx_cli.loops.loop",
-    "rft": "rlx_cli.loops.rft",
-    "dpo": "rlx_cli.loops.dpo",
-    "online_dpo": "rlx_cli.loops.online_dpo",
-}
 # key: (type, low, high) inclusive, or (type, allowed choices); the type may be a tuple of types
 ENGINE_KEYS: dict[str, tuple] = {
     "seed": (int, 0, 2**32 - 1),
@@ -50,7 +43,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "rollout.spo.continuations": (int, 1, 10_000),
     "rollout.spo.cutpoint_interval": (int, 1, 1_000_000),
     "rollout.spo.unfinished_reward": (float, -INF, INF),
-    "trainer.loop": (str, tuple(LOOPS)),
+    "trainer.loop": (str, TRAINING_LOOPS),
     "trainer.steps": (int, 1, 10_000_000),
     "trainer.device": (str, ("auto", "cpu", "cuda")),
     "trainer.eval_every": (int, 0, 10_000_000),
@@ -171,9 +164,16 @@ def validate(cfg: DictConfig) -> None:
 
 def check_pool(cfg: DictConfig) -> None:
     """A fixed training pool (``task.pool``) holds at least the distinct prompts a step draws."""
-    pool, prompts = cfg.task.get("pool"), cfg.rollout.prompts_per_step
-    if pool is not None and pool < prompts:
-        raise UserError(f"task.pool={pool} is smaller than rollout.prompts_per_step={prompts} (valid: {prompts} or up)")
+    prompts = cfg.rollout.prompts_per_step
+    check_pool_holds(cfg.task.get("pool"), prompts, f"rollout.prompts_per_step={prompts}")
+
+
+def check_pool_holds(pool: int | None, draw: int, what: str) -> None:
+    """``task.pool`` (None: fresh problems) holds the ``draw`` distinct problems one draw takes, ``what`` naming that
+    draw for the user: checked here for a step's draw, by ``SumsTask.train_problems`` for any other (DPO's pairs);
+    its range, 1 or more, is ``ENGINE_KEYS``'."""
+    if pool is not None and pool < draw:
+        raise UserError(f"task.pool={pool} is smaller than {what} (valid: {draw} or up)")
 
 
 def check_loop(cfg: DictConfig) -> None:
@@ -212,11 +212,6 @@ def check_off_policy(cfg: DictConfig) -> None:
         raise UserError(
             f"rollout_correction.lower={correction.lower} is not below rollout_correction.upper={correction.upper} "
             "(valid: lower < upper)"
-        )
-    if correction.name != "none" and cfg.rollout.temperature == 0:
-        raise UserError(
-            f"rollout_correction={correction.name} weighs sampled tokens by their log-probs, which greedy decoding "
-            "(rollout.temperature=0) does not give (valid: rollout.temperature > 0, or rollout_correction=none)"
         )
     if cfg.policy_loss.name == "geo_mean" and cfg.loss_agg.mode != "seq_mean_token_mean":
         raise UserError(
@@ -284,12 +279,11 @@ def precision_of(cfg: DictConfig) -> str:
 def check(key: str, value: Any, rule: tuple) -> None:
     if value is None:
         return
-    kinds = rule[0] if isinstance(rule[0], tuple) else (rule[0],)  # a tuple: any of these types
-    type_ok = isinstance(value, kinds) and not (bool not in kinds and isinstance(value, bool))
-    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        type_ok = True
-    if not type_ok:
-        raise UserError(f"{key}={value!r} has the wrong type (valid: {' or '.join(k.__name__ for k in kinds)})")
+    registry = signatures.registry()
+    try:  # a tuple: any of these types
+        registry.check_type(key, value, rule[0] if isinstance(rule[0], tuple) else (rule[0],))
+    except registry.RegistryError as error:
+        raise UserError(str(error)) from error
     if len(rule) == 2:
         if value not in rule[1]:
             choices = (str(c).lower() if isinstance(c, bool) else str(c) for c in rule[1])  # true as YAML writes it

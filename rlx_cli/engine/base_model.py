@@ -7,7 +7,6 @@ changing any of them trains a new base; ``$RLX_HOME`` (default ``~/.cache/rlx``)
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import inspect
 import json
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+
+from rlx_cli.config import locks
 
 CHARS = "0123456789+=,#:"
 SPECIAL = ["<pad>", "<s>", "</s>"]
@@ -74,9 +75,7 @@ def ensure_base_model(model_cfg: DictConfig, task_cfg: DictConfig, task, progres
     target = rlx_home() / "base" / f"tiny-{cache_key(model_cfg, task_cfg, task)}"
     if (target / "config.json").exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f"{target.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel sweep workers: one trains, the others wait
+    with locks.holding(target.parent / f"{target.name}.lock"):  # parallel sweep workers: one trains, the others wait
         if not (target / "config.json").exists():
             _train_and_save(model_cfg, task_cfg, task, target, progress, device)
     return target

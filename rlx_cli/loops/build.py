@@ -20,7 +20,7 @@ from rlx_cli.engine.engine import Engine
 from rlx_cli.engine.models import Models, build_models, pick_device
 from rlx_cli.engine.precision import frozen_dtype
 from rlx_cli.engine.sharding import make_optimizer
-from rlx_cli.sampling.gym_task import GymTask
+from rlx_cli.sampling.gym_task import SPACE_DRAWS, GymTask
 from rlx_cli.sampling.judge import judged
 from rlx_cli.sampling.pairs import PairsTask
 from rlx_cli.sampling.rollout import HFSampler
@@ -76,6 +76,8 @@ def build(cfg: DictConfig, progress) -> Parts:
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
     task = build_task(cfg.task)
+    for line in meaning_notes(cfg, task):
+        progress.note(line)
     device = pick_device(cfg.trainer.device)
     precision = resolve_precision(cfg.trainer.precision, device)
     task = judged(task, cfg.task, device, frozen_dtype(precision, "auto"))  # task.verifier=judge: a model scores
@@ -118,6 +120,35 @@ def build(cfg: DictConfig, progress) -> Parts:
             progress.note(f"rollout=fast does not apply {path}/generation_config.json's {unread} (rollout=hf does)")
     behaviour = behaviour_of(models.policy, cfg.rollout)
     return Parts(models, task, sampler, components, policy_optimizer, schedule, critic_optimizer, engine, behaviour)
+
+
+# advantages whose baseline is the rest of the answer's group: alone in it, an answer keeps its raw score
+BASELINE_FROM_THE_GROUP = ("grpo", "rloo")
+
+
+def meaning_notes(cfg: DictConfig, task) -> list[str]:
+    """What the settings silently make of the method, a line each at start-up: a group of one under an advantage
+    whose baseline is the group (REINFORCE without a baseline), a task=gym config whose question space holds fewer
+    distinct training questions than the run draws."""
+    notes, size = [], cfg.rollout.group_size
+    if size == 1 and cfg.advantage.name in BASELINE_FROM_THE_GROUP:
+        notes.append(
+            f"rollout.group_size=1: advantage={cfg.advantage.name} has no other answer to compare each with, so an "
+            "answer's advantage is its raw score: REINFORCE without a baseline"
+        )
+    if hasattr(task, "distinct_training_questions"):  # task=gym
+        dpo = cfg.trainer.loop == "dpo"  # its pairs draw preference.pool_prompts once; the others, every step
+        draws = cfg.preference.pool_prompts if dpo else cfg.trainer.steps * cfg.rollout.prompts_per_step
+        what = "preference.pool_prompts" if dpo else "trainer.steps x rollout.prompts_per_step"
+        found = task.distinct_training_questions(min(draws - 1, SPACE_DRAWS // 2))  # half: the draws saturated
+        if found is not None:
+            config = ", ".join(f"{k}: {v}" for k, v in (cfg.task.get("config") or {}).items())
+            notes.append(
+                f"task.dataset={cfg.task.dataset} task.config={{{config}}}: {SPACE_DRAWS:,} draws find {found:,} "
+                f"distinct training questions (the held-out ones excluded), fewer than the {draws:,} this run draws "
+                f"({what}): it trains on the same questions again"
+            )
+    return notes
 
 
 def built_in_base(cfg: DictConfig, task, progress, device) -> Path:

@@ -28,7 +28,7 @@ from omegaconf import DictConfig
 from components import preference
 from rlx_cli.config.errors import UserError
 from rlx_cli.engine import distributed
-from rlx_cli.loops import evaluation, loop
+from rlx_cli.loops import evaluation, groups, loop
 from rlx_cli.loops.build import Parts
 from rlx_cli.loops.checkpoint import TrainState
 from rlx_cli.loops.compute import SAMPLED, SAMPLED_TOKENS, Clock, count_sampled
@@ -145,7 +145,7 @@ def sample_pairs(cfg, parts: Parts, prompts: int, counts: dict) -> list[Pair]:
     compute). N processes: each samples its block, all get all."""
     task, size = parts.task, cfg.rollout.group_size
     problems = [p for p in distributed.shard(task.train_problems(prompts, seed=cfg.seed, step=0)) for _ in range(size)]
-    batch = evaluation.answers(cfg, parts, problems, cfg.rollout.temperature)
+    batch = groups.answers(cfg, parts, problems, cfg.rollout.temperature)
     drawn = {SAMPLED: len(batch.texts), SAMPLED_TOKENS: batch.tokens()}
     count_sampled(counts, {k: distributed.total(v) for k, v in drawn.items()})
     scores = torch.tensor(task.score_batch(batch.texts, problems))

@@ -1,5 +1,5 @@
-"""The policy's answers to problems, and evaluation on the task's held-out prompts: greedy and sampled accuracy with
-their standard errors, unbiased pass@k."""
+"""Evaluation on the task's held-out prompts: greedy and sampled accuracy with their standard errors, unbiased pass@k
+(the answers drawn by ``groups.answers``, as training's)."""
 
 from __future__ import annotations
 
@@ -8,21 +8,8 @@ import math
 import torch
 
 from rlx_cli.engine import distributed
-from rlx_cli.engine.batch import Rollout
 from rlx_cli.loops.build import Parts
-
-
-def answers(cfg, parts: Parts, problems: list, temperature: float, model=None, max_new_tokens=None) -> Rollout:
-    """The answers of ``model`` (None: the policy) to ``problems`` (one each, ``max_new_tokens`` at most, None:
-    ``rollout.max_new_tokens``; greedy at temperature 0)."""
-    with parts.engine.sampling():
-        return parts.sampler.generate(
-            parts.models.policy if model is None else model,
-            [p.prompt for p in problems],
-            temperature=temperature,
-            max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens,
-        )
-
+from rlx_cli.loops.groups import answers
 
 EVAL_BLOCK = 16  # prompts whose sampled answers come from one random stream (seed_evaluation), drawn in one batch
 

@@ -1,4 +1,5 @@
-"""Steps 1–2 of the loop: a step's groups of answers, sampled and scored; DAPO's dynamic sampling and its accounting.
+"""Steps 1–2 of the loop: a step's groups of answers, sampled and scored; DAPO's dynamic sampling and its accounting;
+``answers``, the policy's answers to problems, which evaluation and DPO's pairs draw with too.
 
 Each step samples from a random stream of its own, a function of the seed, the process and the step
 (``distributed.sampling_stream``), apart from the stream the update draws its minibatches from: a resumed run and the
@@ -17,10 +18,21 @@ from rlx_cli.engine import distributed
 from rlx_cli.engine.batch import Rollout
 from rlx_cli.loops.build import Parts
 from rlx_cli.loops.compute import SAMPLED, SAMPLED_TOKENS
-from rlx_cli.loops.evaluation import answers
 from rlx_cli.sampling import credit
 
 Origin = tuple[int, int, int]  # where a group's prompt came from: (step, draw, its place in the draw)
+
+
+def answers(cfg, parts: Parts, problems: list, temperature: float, model=None, max_new_tokens=None) -> Rollout:
+    """The answers of ``model`` (None: the policy) to ``problems`` (one each, ``max_new_tokens`` at most, None:
+    ``rollout.max_new_tokens``; greedy at temperature 0)."""
+    with parts.engine.sampling():
+        return parts.sampler.generate(
+            parts.models.policy if model is None else model,
+            [p.prompt for p in problems],
+            temperature=temperature,
+            max_new_tokens=max_new_tokens or cfg.rollout.max_new_tokens,
+        )
 
 
 @dataclass

@@ -27,7 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from rlx_cli.config.choices import resolve_precision
-from rlx_cli.engine.engine import Engine, map_large_allocations
+from rlx_cli.engine.allocator import map_large_allocations
+from rlx_cli.engine.engine import Engine
 from rlx_cli.engine.models import Models
 from rlx_cli.engine.precision import frozen_dtype
 from rlx_cli.loops.build import Parts, build_task, components_of

@@ -20,10 +20,19 @@ from typing import NoReturn
 from omegaconf import DictConfig, OmegaConf
 
 from rlx_cli.config.compose import ablations, choices_of, compose, job_config
-from rlx_cli.config.validate import LOOPS, validate
+from rlx_cli.config.validate import validate
 from rlx_cli.loops.progress import Progress
 from rlx_cli.loops.signals import Stopped, StopRequests
 from rlx_cli.loops.track import git_sha, make_tracker, tracking_uri, write_json
+
+# trainer.loop (its valid names: config/choices.py's TRAINING_LOOPS, which validate checks without importing the
+# loops) -> the module whose train(cfg, parts, tracker, progress, stop, state) runs the steps
+LOOPS = {
+    "rl": "rlx_cli.loops.loop",
+    "rft": "rlx_cli.loops.rft",
+    "dpo": "rlx_cli.loops.dpo",
+    "online_dpo": "rlx_cli.loops.online_dpo",
+}
 
 
 def run_name(cfg: DictConfig) -> str:
@@ -43,7 +52,7 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
     if job.launcher.name == "torchrun" and "WORLD_SIZE" not in os.environ:
         become_torchrun(overrides, job.launcher.nproc_per_node)
     from rlx_cli.engine import distributed  # torch: only once the config is known to be good
-    from rlx_cli.engine.engine import map_large_allocations
+    from rlx_cli.engine.allocator import map_large_allocations
     from rlx_cli.loops import checkpoint
 
     # from the first allocation on: glibc's moving threshold let sampling's [rows, vocabulary] tensors pile up in the
@@ -69,7 +78,7 @@ def train_command(overrides: list[str], *, print_cfg: str | None = None) -> dict
     with StopRequests() as stop, exit_on_stop():
         from rlx_cli.loops.build import build
 
-        train = importlib.import_module(LOOPS[job.trainer.loop]).train  # rlx_cli/config/validate.py LOOPS
+        train = importlib.import_module(LOOPS[job.trainer.loop]).train
         parts = build(job, progress)
         state = checkpoint.resume(job, parts, progress)
         tracker.start(job, tags, run_id=state.run_id)

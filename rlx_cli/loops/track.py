@@ -16,6 +16,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlx_cli.config import locks
 from rlx_cli.config.compose import flat
 from rlx_cli.config.errors import UserError
 
@@ -35,7 +36,6 @@ def store_lock(uri: str):
     """For a SQLite store, an exclusive lock inside, on a file of the system's temporary directory named by the
     store's path (none beside the user's files): runs started at once on a fresh store would otherwise each create or
     migrate its tables, and all but one fail; other stores: nothing."""
-    import fcntl
     import hashlib
 
     if not uri.startswith("sqlite:///"):
@@ -43,8 +43,7 @@ def store_lock(uri: str):
         return
     path = Path(uri.removeprefix("sqlite:///")).resolve()
     name = hashlib.sha256(str(path).encode()).hexdigest()[:16]
-    with open(Path(tempfile.gettempdir()) / f"rlx-store-{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locks.holding(Path(tempfile.gettempdir()) / f"rlx-store-{name}.lock"):
         yield
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlx_cli.config.errors import UserError
+from rlx_cli.config.validate import check_pool_holds
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,6 @@ class SumsTask:
         # judge: a model scores instead (sampling/judge.py wraps the task)
         if verifier not in ("exact", "judge"):
             raise UserError(f"task.verifier={verifier} is not valid for task=sums (valid: exact, judge)")
-        if pool is not None and pool < 1:
-            raise UserError(f"task.pool={pool} is out of range (valid: 1 or more, or null for fresh problems)")
         self.min_terms, self.max_terms, self.pool = min_terms, max_terms, pool
         self.eval_problems = [self.problem(t) for t in self._draw(random.Random(eval_seed), eval_size)]
 
@@ -67,8 +66,7 @@ class SumsTask:
         rng = random.Random(f"train-{seed}-{step}-{draw}")
         if self.pool is None:
             return [self.problem(t) for t in self._draw(rng, n)]
-        if n > self.pool:
-            raise UserError(f"task.pool={self.pool} holds fewer problems than a step draws ({n}; valid: {n} or more)")
+        check_pool_holds(self.pool, n, f"the {n} problems this draw takes")
         return [self.problem(t) for t in rng.sample(self._draw(random.Random(f"pool-{seed}"), self.pool), n)]
 
     def sft_examples(

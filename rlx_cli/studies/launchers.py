@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from rlx_cli.config import locks
 from rlx_cli.config.errors import UserError
-from rlx_cli.studies import locks
 
 LAUNCHERS = ("local", "submitit", "ray")
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from rlx_cli.config import locks
 from rlx_cli.config.errors import UserError
 from rlx_cli.loops.track import tracking_uri
-from rlx_cli.studies import locks
 from rlx_cli.studies.study import (
     DRIVER_LOCK,
     STUDY_NAME,

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from rlx_cli.config import locks
 from rlx_cli.config.errors import UserError
 from rlx_cli.loops.track import git_sha, tracking_uri
-from rlx_cli.studies import locks
 
 SEED_KEY, OUTPUT_KEY, RESUME_KEY = "seed", "trainer.output_dir", "trainer.resume"
 STUDY_ROLE = "study"  # tag rlx.role of a study's parent run; `rlx report` leaves those out
