@@ -63,3 +63,21 @@ def denominator(mask: Tensor, *, mode: str = "token_mean") -> Tensor:
     if mode in MODES:
         return masked_count(masked_count(mask, dim=-1) > 0)
     raise ValueError(f"loss_agg.mode={mode!r} is not valid (valid: {', '.join(MODES)})")
+
+
+def row_weights(mask: Tensor, *, mode: str = "token_mean") -> Tensor:
+    """Each row's weight in ``aggregate``, as a weighted sum of the rows' mean losses: aggregate(L) = Σ_i w_i ·
+    mean_t(L_i) over the real tokens of ``mask`` [B, T] -> w [B] (0 for a row without a real token). ``token_mean``
+    weighs a row by its tokens, len_i / Σ len; the ``seq_mean`` modes by 1 / B (``token_mean``) or len_i / B
+    (``token_sum``); ``seq_mean_token_sum_norm`` by len_i / (B·T)."""
+    lengths = masked_count(mask, dim=-1).float()
+    if mode == "token_mean":
+        return lengths / lengths.sum().clamp(min=1)
+    if mode == "seq_mean_token_sum_norm":
+        return lengths / max(mask.numel(), 1)
+    rows = (lengths > 0).float()
+    if mode == "seq_mean_token_mean":
+        return rows / rows.sum().clamp(min=1)
+    if mode == "seq_mean_token_sum":
+        return lengths / rows.sum().clamp(min=1)
+    raise ValueError(f"loss_agg.mode={mode!r} is not valid (valid: {', '.join(MODES)})")

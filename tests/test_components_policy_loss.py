@@ -36,7 +36,10 @@ def test_ppo_clip_by_hand():
     assert metrics["ratio_mean"].item() == pytest.approx(8.2 / 5, abs=1e-5)  # (1.1+1.5+0.5+4+1.1)/5
     assert metrics["ratio_max"].item() == pytest.approx(4.0, abs=1e-5)  # the padded ratio e^51 is ignored
     assert metrics["approx_kl"].item() == pytest.approx(-math.log(1.1 * 1.5 * 0.5 * 4.0 * 1.1) / 5, abs=1e-5)
-    assert set(metrics) == {"clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean", "ratio_max", "dual_clip_frac"}
+    # clip-higher let no token through: t0's 1.1 is under 1 + ε_low, t1's 1.5 over 1 + ε_high
+    assert metrics["clip_higher_share"].item() == 0.0
+    assert set(metrics) == {"clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean", "ratio_max", "dual_clip_frac",
+                            "clip_higher_share"}  # fmt: skip
     assert all(v.dim() == 0 and not v.requires_grad for v in metrics.values())
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from components import acted
 from components.masked import masked_count, masked_max, masked_mean, masked_sum
 
 LOG_RATIO_CLAMP = 20.0  # verl's clamp of log r, against overflow in exp
@@ -43,10 +44,13 @@ def corrected(per_token: Tensor, weights: Tensor | None) -> Tensor:
 def ratio_metrics(advantages, log_ratio, ratio, real, eps_low=None, eps_high=None) -> dict[str, Tensor]:
     """The token-ratio metrics every policy loss logs, over the real tokens (``[B, T]`` inputs): ``approx_kl``,
     ``ratio_mean``, ``ratio_max``; and with a clip range PPO's clip fractions of the token ratios (``clip_fractions``
-    at 1 − eps_low and 1 + eps_high)."""
+    at 1 − eps_low and 1 + eps_high) and ``clip_higher_share``, the tokens the higher bound let through
+    (``acted.clip_higher_share``: did clip-higher act?)."""
     metrics = {}
     if eps_low is not None:
         metrics.update(clip_fractions(advantages, ratio, real, 1.0 - eps_low, 1.0 + eps_high))
+        metrics["clip_higher_share"] = acted.clip_higher_share(ratio, advantages, real, eps_low=eps_low,
+                                                               eps_high=eps_high)  # fmt: skip
     metrics["approx_kl"] = masked_mean(-log_ratio, real)
     metrics["ratio_mean"] = masked_mean(ratio, real)
     metrics["ratio_max"] = masked_max(ratio, real)

@@ -117,8 +117,10 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
         ]  # fmt: skip
         if looks:
             legend.append(("decided at", "the look at which the arm was decided, with the seeds an arm had run then; "
-                                         "a decided arm runs no more seeds (the adjusted p-values of a study judged "
-                                         "at several looks are its boundaries', not a number: –)"))  # fmt: skip
+                                         "a decided arm runs no more seeds; its Δ, test and interval are of those "
+                                         "seeds (a study judged at several looks holds each look's test to the "
+                                         "boundary of its level: no adjusted p, and the interval at that "
+                                         "boundary)"))  # fmt: skip
     if "eval_se" in table.columns:
         headers.append("eval SE")
         legend.append(("eval SE", f"the evaluation's own standard error of {ctx.metric} (over its prompts; with "
@@ -163,6 +165,13 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
         f"{ctx.metric} ({ctx.reduce} per run): mean ± std over seeds, {len(rows)} arms, Δ vs {ctx.baseline}, "
         "best in bold" + judged + (f"; {ctx.budget}" if ctx.budget else "")
     )
+    if has_stats and looks and table["p_holm"].isna().all():  # judged at several looks: boundaries, not adjusted p
+        for name in ("p (Holm)", "TOST p (Holm)", "MDE (80%)"):
+            at = headers.index(name)
+            headers.pop(at)
+            for line in rows:
+                line.pop(at)
+        legend = [entry for entry in legend if entry[0] not in ("p (Holm)", "TOST p (Holm)", "MDE (80%)")]
     return Layout(caption, headers, rows, best, footer(ctx) + ctx.notes, legend)
 
 
@@ -329,7 +338,8 @@ def seed_plan(table: pd.DataFrame, ctx: Context) -> Layout:
     arms = max(1, len(table))
     headers = ["arm", "n", "test", "Δ", "σ of a one-seed Δ", "fixed: seeds to decide", "sequential: mean seeds"]
     rows = [[row["arm"], str(row["n"]), row["test"] or DASH, signed(row["delta"], scale), num(row["sigma"], scale),
-             seeds(row["fixed_seeds"], row["test"]), num(row["sequential_seeds"], 10.0)]
+             seeds(row["fixed_seeds"], row["test"]) if row["sigma"] > 0 else "– (no spread)",
+             DASH if math.isnan(row["sequential_seeds"]) else f"{row['sequential_seeds']:.1f}"]
             for _, row in table.iterrows()]  # fmt: skip
     legend = [
         ("arm", "the algorithm, its ablation and the overrides that differ between arms"),

@@ -71,6 +71,9 @@ def build_table(arms: list[tuple[str, str]], base: str, records: dict[str, list[
         verdicts = {arm: s.verdict for arm, s in state.arms.items() if arm in comparisons}
         comparisons = {arm: v.comparison for arm, v in verdicts.items() if v.comparison is not None}
         add_verdicts(table, comparisons, judging, verdicts)
+        for i, arm in enumerate(table["arm"]):  # Δ on the seeds the arm was judged on (it may have run fewer)
+            if arm in verdicts and not math.isnan(verdicts[arm].delta):
+                table.loc[i, "delta"] = verdicts[arm].delta
         add_looks(table, state, plan)
         design = design_notes(state, plan, judging)
     elif judging:
@@ -140,8 +143,9 @@ def design_notes(state: sequential.Replay, plan: StudyPlan, judging: Judging) ->
     """A declared study's lines under its table: its design and when it was declared, the no-op control's reading
     of the regime, the runs spent, and what a fixed design deciding each arm with 80% power would have run."""
     where = f"commit {plan.commit[:8] or '?'}, {plan.source or 'plan'}"
+    done = ", every arm decided" if state.finished and state.looks_done < len(plan.looks) else ""
     lines = [f"declared {plan.declared or '(not stored)'} ({where}): {study_plan.describe(plan)}; "
-             f"{state.looks_done} of {len(plan.looks)} looks done"]  # fmt: skip
+             f"{state.looks_done} of {len(plan.looks)} looks done{done}"]  # fmt: skip
     if plan.control and not math.isnan(state.control_sd):
         if state.paired:
             lines.append(f"no-op control (+ablate=noop, the baseline's update up to float rounding): its paired "
@@ -215,9 +219,17 @@ def plan_seeds_table(arms: list[tuple[str, str]], base: str, records: dict[str, 
     seconds = mean_of([r.seconds for runs in records.values() for r in runs if r.status == "FINISHED"])
     rows = []
     for label, overrides in compared:
-        test = compare(finished(records[label]), reference, margin=judging.margin)
+        values = finished(records[label])
+        shared = values.keys() & reference.keys()  # an arm decided early ran fewer seeds: paired on those it has
+        if len(shared) >= 2:
+            values, base = {s: values[s] for s in shared}, {s: reference[s] for s in shared}
+        else:
+            base = reference
+        test = compare(values, base, margin=judging.margin)
         fixed = expected = NAN
-        if test.testable:
+        if test.identical:  # decided at the first look whatever the design
+            expected = float(design.looks[0])
+        elif test.testable:
             needed = power.seeds_to_decide(test.delta, test.variances, test.n, test.df, margin=judging.margin,
                                            level=level)  # fmt: skip
             fixed = float(needed) if needed else NAN
