@@ -97,3 +97,26 @@ def test_health_flags_and_eval_se_beside_the_verdicts(health_uri, monkeypatch, t
     again = report_command(runs=tmp_path / "t-runs.csv", with_stats=True, margin=0.05)
     assert table_rows(again) == table_rows(text) and "health of grpo trainer.lr=0.1: collapsed" in again
     assert "runs " + str(tmp_path / "t-runs.csv") in again
+
+
+def test_an_arm_whose_runs_logged_no_evaluation_se_is_not_judged_ok():
+    """collapsed needs the evaluation's SE: an arm with a FINISHED run that logged none says "not judged", not "ok"
+    (an arm whose runs did log it, and raise nothing, is ok)."""
+    from rlx_cli.studies import health
+    from rlx_cli.studies.report_table import build_table
+    from rlx_cli.studies.run_records import RunRecord
+
+    def record(arm: str, seed: str, se: float) -> RunRecord:
+        found = RunRecord(arm, seed, f"{arm}-{seed}", "FINISHED", 0.6)
+        found.figures = dict.fromkeys(health.FIGURES, float("nan")) | {
+            "eval/accuracy start": 0.5, "eval/accuracy end": 0.6, "eval/accuracy_se start": se,
+            "eval/accuracy_se end": se, "train/entropy start": 1.0, "train/entropy end": 0.9,
+        }  # fmt: skip
+        return found
+
+    records = {
+        "base": [record("base", s, 0.02) for s in "01"],
+        "blind": [record("blind", s, float("nan")) for s in "01"],
+    }
+    table, _ = build_table([("base", ""), ("blind", "")], "base", records, [], None)
+    assert table.set_index("arm")["health"].to_dict() == {"base": "ok", "blind": "not judged"}

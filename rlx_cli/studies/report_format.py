@@ -131,6 +131,11 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
         legend.append(("health", "ok, or the flags the arm's runs raise (collapsed, diverged, entropy-collapse, "
                                  "drift: docs/studies-and-reports.md, Reading a verdict); the flagged arms are listed "
                                  "under the table with their figures"))  # fmt: skip
+    if "acted" in table.columns:
+        headers.append("acted")
+        legend.append(("acted", "did the ablated ingredient act here? Its own figure (docs/metrics.md, Did it act) in "
+                                "the full preset → in the ablation, each the mean over the run's steps and the arm's "
+                                "seeds"))  # fmt: skip
     headers += ctx.extras
     legend += [(m, ctx.described.get(m, f"{ctx.reduce} per run, mean ± sample std over seeds")) for m in ctx.extras]
     rows = []
@@ -150,6 +155,8 @@ def ablation(table: pd.DataFrame, ctx: Context) -> Layout:
             line.append(num(row["eval_se"], scale))
         if "health" in table.columns:
             line.append(row["health"])
+        if "acted" in table.columns:
+            line.append(row["acted"])
         line += [mean_std(row[f"{m} mean"], row[f"{m} std"], extra_scales[m]) for m in ctx.extras]
         rows.append(line)
     means = table["mean"].dropna()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlx_cli.config.errors import UserError
-from rlx_cli.studies import compute_axis, health, report_format, run_records, study_plan
+from rlx_cli.studies import acted, compute_axis, health, report_format, run_records, study_plan
 from rlx_cli.studies.arms import Arm, common_overrides, default_baseline, group_arms, only_arms, pick_arm
 from rlx_cli.studies.run_records import RunRecord, reduced, se_metric
 from rlx_cli.studies.runs import connect, histories, load_failed, load_runs, only_seeds, seeds_of
@@ -99,7 +99,7 @@ def from_store(request, metric: str, plan, arms: list[Arm], base: Arm, known: li
         budget=axis.caption,
     )  # fmt: skip
     every = [r for a in arms for r in [*a.runs, *a.failed]]
-    raw = histories(client, every, [m for m in (se_metric(metric), *health.METRICS) if m in known])
+    raw = histories(client, every, [m for m in (se_metric(metric), *health.METRICS, *acted.METRICS) if m in known])
     records = records_of(arms, curves, raw, metric, context.extras, request.reduce_by, request.k)
     return Read(arms, base, records, context, curves, plan)
 
@@ -146,6 +146,7 @@ def records_of(arms: list[Arm], curves: dict, raw: dict, metric: str, extras: li
             record = RunRecord(arm.label, run.data.tags.get("rlx.seed", run_id), run_id, status, value)
             record.se = reduced(raw.get((run_id, se_metric(metric)), []), how, k)
             record.figures = health.figures({m: raw.get((run_id, m), []) for m in health.METRICS})
+            record.acted = acted.figures({m: raw.get((run_id, m), []) for m in acted.METRICS})
             record.extras = {m: reduced(curves.get((run_id, m), []), how, k) for m in extras}
             record.seconds = run_seconds(run)
             out[arm.label].append(record)

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from rlx_cli.studies import health, power, sequential, stats, study_plan
+from rlx_cli.studies import acted, health, power, sequential, stats, study_plan
 from rlx_cli.studies.comparison import NAN, Comparison, compare, mean, std
 from rlx_cli.studies.run_records import RunRecord, finished
 from rlx_cli.studies.stats import Judging
@@ -82,6 +82,7 @@ def build_table(arms: list[tuple[str, str]], base: str, records: dict[str, list[
         table = table.drop(columns="eval_se")
     if not judged:  # a *-runs.csv without the figures the flags read
         table = table.drop(columns="health")
+    add_acted(table, ordered, base, records)
     notes = health.listing(flagged) if judged else []
     second_look = [SECOND_LOOK] if judging and comparisons and not plan else []
     return table, design + notes + noise_notes(table, comparisons) + second_look
@@ -119,6 +120,19 @@ def add_verdicts(table: pd.DataFrame, comparisons: dict[str, Comparison], judgin
     for offset, name in enumerate(VERDICT_COLUMNS):
         values = pd.array(columns[name], dtype="Int64") if name == "seeds_needed" else columns[name]
         table.insert(at + offset, name, values)
+
+
+def add_acted(table: pd.DataFrame, arms: list[tuple[str, str]], base: str, records: dict[str, list[RunRecord]]):
+    """The ``acted`` column (``acted.py``) where an ablation's runs or the baseline's logged its figure, in place."""
+    done = {label: [r.acted for r in records[label] if r.status == "FINISHED"] for label, _ in arms}
+    cells = [acted.cell(ablation_of(overrides), done[base], done[label]) for label, overrides in arms]
+    if any(cells):
+        table.insert(table.columns.get_loc("overrides"), "acted", cells)
+
+
+def ablation_of(overrides: str) -> str:
+    """The ``+ablate=`` overlay in an arm's overrides ("" without one)."""
+    return next((w.split("=", 1)[1] for w in overrides.split() if w.startswith("+ablate=")), "")
 
 
 def seed_values(records: dict[str, list[RunRecord]]) -> dict[str, dict[int, float]]:

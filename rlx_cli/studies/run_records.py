@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from rlx_cli.config.errors import UserError
-from rlx_cli.studies import health
+from rlx_cli.studies import acted, health
 
 NAN = float("nan")
 KEYS = ("arm", "seed", "run_id")
@@ -34,6 +34,8 @@ class RunRecord:
     se: float = NAN  # the metric's own standard error (eval/accuracy -> eval/accuracy_se), reduced the same way
     figures: dict[str, float] = field(default_factory=lambda: dict.fromkeys(health.FIGURES, NAN))
     extras: dict[str, float] = field(default_factory=dict)  # more columns (--extra-metrics), reduced
+    acted: dict[str, float] = field(default_factory=lambda: dict.fromkeys(acted.FIGURES, NAN))  # did it act (acted.py)
+    seconds: float = NAN  # the run's wall time, from the store
 
 
 def reduce(points: list[tuple[float, float]], how: str, k: int) -> float | None:
@@ -72,7 +74,10 @@ def write(records: list[RunRecord], metric: str, path: Path) -> Path:
     for r in records:
         row = {"arm": r.arm, "seed": r.seed, "run_id": r.run_id, metric: r.value, "status": r.status}
         rows.append(row | ({se_metric(metric): r.se} if with_se else {}) | r.figures)
-    columns = [*KEYS, metric, "status", *([se_metric(metric)] if with_se else []), *health.FIGURES]
+    with_acted = any(not math.isnan(v) for r in records for v in r.acted.values())  # runs that logged the figures
+    rows = [row | (r.acted if with_acted else {}) for row, r in zip(rows, records)]
+    columns = [*KEYS, metric, "status", *([se_metric(metric)] if with_se else []), *health.FIGURES,
+               *(acted.FIGURES if with_acted else ())]  # fmt: skip
     pd.DataFrame(rows, columns=columns).to_csv(path, index=False)
     return path
 
@@ -95,6 +100,7 @@ def read(path: Path, extras: list[str], how: str, k: int) -> tuple[str, list[Run
         record = RunRecord(row["arm"], row["seed"], row["run_id"], row.get("status") or "FINISHED", number(row[metric]))
         record.se = number(row.get(se_metric(metric), ""))
         record.figures = {name: number(row.get(name, "")) for name in health.FIGURES}
+        record.acted = {name: number(row.get(name, "") or "") for name in acted.FIGURES}
         record.extras = {m: reduced(curves.get((record.run_id, m), []), how, k) for m in extras}
         records.append(record)
     return metric, records

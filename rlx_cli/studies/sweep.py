@@ -231,6 +231,7 @@ def run_all(todo, runner, env: dict, folders: dict, resumed: set, store, common:
             counts["finished" if result == "FINISHED" else "failed"] += 1
             detail = f"  ({seconds:.0f} s)" if result == "FINISHED" else f"  exit {returncode}: {error}  [{log}]"
             shown = " ".join(o for o in point.overrides if o not in common) or " ".join(point.overrides)
+            shown = f"{point.arm} seed={point.seed}" if point.arm else shown  # a declared study's arm by its name
             went_on = " (from its checkpoint)" if point.index in resumed else ""
             print(f"[{n}/{len(todo)}] {result:<8} {shown}{went_on}{detail}", flush=True)
     except KeyboardInterrupt:
