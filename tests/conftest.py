@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,6 +40,60 @@ def rlx(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None) ->
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def rlx_here(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``rlx ARGS`` in this process, with the exit code, stdout and stderr a process would give (a traceback on
+    stderr where it would print one, and the warnings it would show): no interpreter and imports to start. Only for
+    commands that end before loading torch in a process of their own (their state would stay in this one)."""
+    import traceback
+    import warnings
+
+    from typer.testing import CliRunner
+
+    from rlx_cli.cli import app
+
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()  # Python's own filters, as a process starts with
+        warnings.simplefilter("default")
+        for ignored in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", ignored)  # ahead of "default"
+        patch.chdir(cwd)
+        for key, value in (env or {}).items():
+            patch.setenv(key, value)
+        result = CliRunner().invoke(app, list(args))
+    shown = [warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught]
+    stderr = result.stderr + "".join(shown)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["rlx", *args], result.exit_code, result.stdout, stderr)
+
+
+ONE_PROCESS = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import mlflow, torch, transformers, rlx_cli.cli, rlx_cli.loops.run, rlx_cli.loops.build  # once, before the cases
+from conftest import rlx_here
+cases, done = json.loads(Path(sys.argv[2]).read_text()), {}
+for case, (args, cwd, env) in cases.items():
+    out = rlx_here(*args, cwd=Path(cwd), env=env)
+    done[case] = [out.returncode, out.stdout, out.stderr]
+Path(sys.argv[3]).write_text(json.dumps(done))
+"""
+
+
+def rlx_in_one_process(cases: dict, folder: Path, env: dict | None = None) -> dict[str, subprocess.CompletedProcess]:
+    """Each of ``cases`` (name -> (ARGS, cwd, env)) as ``rlx_here`` would run it, one after the other in one fresh
+    Python process (its environment ``env``, default this one's): what each sets up there (torch's threads, the
+    allocator) stays out of this one, and torch, transformers and MLflow are imported once for all; their results
+    by name (``folder`` holds the hand-over)."""
+    (folder / "cases.json").write_text(json.dumps({k: (a, str(c), e or {}) for k, (a, c, e) in cases.items()}))
+    command = [sys.executable, "-c", ONE_PROCESS, str(Path(__file__).parent), str(folder / "cases.json")]
+    ran = subprocess.run([*command, str(folder / "done.json")], capture_output=True, text=True, timeout=600, env=env)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    done = json.loads((folder / "done.json").read_text())
+    return {k: subprocess.CompletedProcess(["rlx", *cases[k][0]], *done[k]) for k in cases}
 
 
 def rlx_together(*commands: list[str], cwd: Path, timeout: float = 600) -> list[subprocess.CompletedProcess]:
