@@ -132,13 +132,16 @@ def save_tiny_llama(path: Path, *, layers: int, heads: int, head_dim: int, tie: 
 
 
 def undocumented_metrics(names) -> list[str]:
-    """The metric ``names`` that docs/metrics.md's tables do not define (``eval/pass_at_<k>`` stands for every k)."""
+    """The metric ``names`` that docs/metrics.md does not define: its tables (``eval/pass_at_<k>`` stands for every
+    k), and its critic fits, whose section names each metric under one prefix and the same under the others."""
     import re
 
     text = (REPO / "docs" / "metrics.md").read_text()
     table = set(re.findall(r"^\| `([^`]+)` \| .+ \|$", text, flags=re.M))
-    prefixed = re.findall(r"`((?:value_pretrain|reward_fit)/[a-z_]+)`", text)
-    return [n for n in names if re.sub(r"pass_at_\d+", "pass_at_<k>", n) not in table | set(prefixed)]
+    heading, fits = text.split("\n## Critic fits", 1)[1].split("\n## ", 1)[0].split("\n", 1)
+    prefixes = re.findall(r"`([a-z_]+)/`", heading)  # (`value_pretrain/`, `reward_fit/`)
+    fitted = {f"{prefix}/{name}" for prefix in prefixes for name in re.findall(r"`[a-z_]+/([a-z_]+)`", fits)}
+    return [n for n in names if re.sub(r"pass_at_\d+", "pass_at_<k>", n) not in table | fitted]
 
 
 def mlflow_runs(workdir: Path, experiment: str = "rlx"):
