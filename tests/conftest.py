@@ -96,14 +96,17 @@ def rlx_in_one_process(cases: dict, folder: Path, env: dict | None = None) -> di
     return {k: subprocess.CompletedProcess(["rlx", *cases[k][0]], *done[k]) for k in cases}
 
 
-def rlx_together(*commands: list[str], cwd: Path, timeout: float = 600) -> list[subprocess.CompletedProcess]:
-    """Each of ``commands`` as ``rlx ARGS``, all at once (independent runs of one test: on two cores with one thread
-    each they take the time of one), in ``cwd``; their results in order; never raises on a non-zero exit."""
+def rlx_together(
+    *commands: list[str], cwd: Path | list[Path], env: list[dict] | None = None, timeout: float = 600
+) -> list[subprocess.CompletedProcess]:
+    """Each of ``commands`` as ``rlx ARGS``, all at once (independent runs: on two cores with one thread each they
+    take the time of one), in ``cwd`` (one folder, or one for each) with ``env``'s variables for each added; their
+    results in order; never raises on a non-zero exit."""
+    cwds = cwd if isinstance(cwd, list) else [cwd] * len(commands)
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "rlx_cli", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )  # fmt: skip
-        for args in commands
+        subprocess.Popen([sys.executable, "-m", "rlx_cli", *args], cwd=folder, env={**os.environ, **more}, **pipes)
+        for args, folder, more in zip(commands, cwds, env or [{}] * len(commands), strict=True)
     ]
     outs = [p.communicate(timeout=timeout) for p in procs]
     return [subprocess.CompletedProcess(p.args, p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
