@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,14 +42,71 @@ def rlx(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None) ->
     )
 
 
-def rlx_together(*commands: list[str], cwd: Path, timeout: float = 600) -> list[subprocess.CompletedProcess]:
-    """Each of ``commands`` as ``rlx ARGS``, all at once (independent runs of one test: on two cores with one thread
-    each they take the time of one), in ``cwd``; their results in order; never raises on a non-zero exit."""
+def rlx_here(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``rlx ARGS`` in this process, with the exit code, stdout and stderr a process would give (a traceback on
+    stderr where it would print one, and the warnings it would show): no interpreter and imports to start. Only for
+    commands that end before loading torch in a process of their own (their state would stay in this one)."""
+    import traceback
+    import warnings
+
+    from typer.testing import CliRunner
+
+    from rlx_cli.cli import app
+
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as caught:
+        warnings.resetwarnings()  # Python's own filters, as a process starts with
+        warnings.simplefilter("default")
+        for ignored in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", ignored)  # ahead of "default"
+        patch.chdir(cwd)
+        for key, value in (env or {}).items():
+            patch.setenv(key, value)
+        result = CliRunner().invoke(app, list(args))
+    shown = [warnings.formatwarning(w.message, w.category, w.filename, w.lineno) for w in caught]
+    stderr = result.stderr + "".join(shown)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["rlx", *args], result.exit_code, result.stdout, stderr)
+
+
+ONE_PROCESS = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import mlflow, torch, transformers, rlx_cli.cli, rlx_cli.loops.run, rlx_cli.loops.build  # once, before the cases
+from conftest import rlx_here
+cases, done = json.loads(Path(sys.argv[2]).read_text()), {}
+for case, (args, cwd, env) in cases.items():
+    out = rlx_here(*args, cwd=Path(cwd), env=env)
+    done[case] = [out.returncode, out.stdout, out.stderr]
+Path(sys.argv[3]).write_text(json.dumps(done))
+"""
+
+
+def rlx_in_one_process(cases: dict, folder: Path, env: dict | None = None) -> dict[str, subprocess.CompletedProcess]:
+    """Each of ``cases`` (name -> (ARGS, cwd, env)) as ``rlx_here`` would run it, one after the other in one fresh
+    Python process (its environment ``env``, default this one's): what each sets up there (torch's threads, the
+    allocator) stays out of this one, and torch, transformers and MLflow are imported once for all; their results
+    by name (``folder`` holds the hand-over)."""
+    (folder / "cases.json").write_text(json.dumps({k: (a, str(c), e or {}) for k, (a, c, e) in cases.items()}))
+    command = [sys.executable, "-c", ONE_PROCESS, str(Path(__file__).parent), str(folder / "cases.json")]
+    ran = subprocess.run([*command, str(folder / "done.json")], capture_output=True, text=True, timeout=600, env=env)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    done = json.loads((folder / "done.json").read_text())
+    return {k: subprocess.CompletedProcess(["rlx", *cases[k][0]], *done[k]) for k in cases}
+
+
+def rlx_together(
+    *commands: list[str], cwd: Path | list[Path], env: list[dict] | None = None, timeout: float = 600
+) -> list[subprocess.CompletedProcess]:
+    """Each of ``commands`` as ``rlx ARGS``, all at once (independent runs: on two cores with one thread each they
+    take the time of one), in ``cwd`` (one folder, or one for each) with ``env``'s variables for each added; their
+    results in order; never raises on a non-zero exit."""
+    cwds = cwd if isinstance(cwd, list) else [cwd] * len(commands)
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "rlx_cli", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )  # fmt: skip
-        for args in commands
+        subprocess.Popen([sys.executable, "-m", "rlx_cli", *args], cwd=folder, env={**os.environ, **more}, **pipes)
+        for args, folder, more in zip(commands, cwds, env or [{}] * len(commands), strict=True)
     ]
     outs = [p.communicate(timeout=timeout) for p in procs]
     return [subprocess.CompletedProcess(p.args, p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
@@ -77,13 +135,16 @@ def save_tiny_llama(path: Path, *, layers: int, heads: int, head_dim: int, tie: 
 
 
 def undocumented_metrics(names) -> list[str]:
-    """The metric ``names`` that docs/metrics.md's tables do not define (``eval/pass_at_<k>`` stands for every k)."""
+    """The metric ``names`` that docs/metrics.md does not define: its tables (``eval/pass_at_<k>`` stands for every
+    k), and its critic fits, whose section names each metric under one prefix and the same under the others."""
     import re
 
     text = (REPO / "docs" / "metrics.md").read_text()
     table = set(re.findall(r"^\| `([^`]+)` \| .+ \|$", text, flags=re.M))
-    prefixed = re.findall(r"`((?:value_pretrain|reward_fit)/[a-z_]+)`", text)
-    return [n for n in names if re.sub(r"pass_at_\d+", "pass_at_<k>", n) not in table | set(prefixed)]
+    heading, fits = text.split("\n## Critic fits", 1)[1].split("\n## ", 1)[0].split("\n", 1)
+    prefixes = re.findall(r"`([a-z_]+)/`", heading)  # (`value_pretrain/`, `reward_fit/`)
+    fitted = {f"{prefix}/{name}" for prefix in prefixes for name in re.findall(r"`[a-z_]+/([a-z_]+)`", fits)}
+    return [n for n in names if re.sub(r"pass_at_\d+", "pass_at_<k>", n) not in table | fitted]
 
 
 def mlflow_runs(workdir: Path, experiment: str = "rlx"):

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import rlx
+from conftest import rlx, rlx_here, rlx_in_one_process
 
 TRAIN = ["train", "trainer.steps=3", "trainer.eval_every=0", "trainer.threads=1", "trainer.output_dir=out"]
 LOAD = [*TRAIN, "tracking=none"]  # mistakes found while loading files: no store needed to show them
@@ -251,6 +252,33 @@ CASES = [
 ]  # fmt: skip
 
 
+# Where each case runs. Refused once torch is loaded (model and data files, checkpoints, the store, the device): in
+# one Python process for them all, apart from this one, since what a run sets up by then (the allocator, torch's
+# threads) would stay in it. Refused before torch: in this process. Each as the `rlx` process a shell starts: one of
+# each path of refusal (the command line, Hydra, validation, rlx report, status, ui, a file torch reads, the
+# device, the store) and those that need an environment of their own (PYTHONPATH).
+PAST_TORCH = {
+    "cuda-graphs-on-cpu", "model-garbage-config", "model-softcapped-logits", "fast-unsupported-model", "data-missing",
+    "data-empty", "data-malformed", "step-verifier-missing", "steps-without-a-step-verifier",
+    "data-foreign-to-the-built-in-model", "data-missing-field", "gym-unknown-dataset", "gym-unknown-setting",
+    "pairs-missing-field", "judge-yes-multi-token", "output-dir-has-checkpoints", "resume-corrupt-checkpoint",
+}  # fmt: skip
+OWN_PROCESS = {
+    "unknown-option", "unknown-algo", "range-eps-high", "report-power", "status-unknown-study", "ui-port",
+    "model-truncated-weights", "no-cuda", "tracking-unreachable", "vllm-not-installed", "gym-extra-missing",
+}  # fmt: skip
+
+
+def process(argv: list[str], workdir: Path, environ: dict) -> subprocess.CompletedProcess:
+    """``rlx ARGV`` as a shell starts it, in ``workdir`` with exactly ``environ``."""
+    command = [sys.executable, "-m", "rlx_cli", *argv]
+    return subprocess.run(command, cwd=workdir, env=environ, capture_output=True, text=True, timeout=120)
+
+
+def past_validation(*args) -> None:
+    raise AssertionError("this case gets past validation: add it to PAST_TORCH")
+
+
 def store(workdir: Path) -> str:
     return f"sqlite:///{workdir / 'mlflow.db'}"
 
@@ -271,23 +299,42 @@ def files(workdir: Path) -> set[Path]:
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, tuple[Path, set[Path], subprocess.CompletedProcess]]:
-    """case id -> (its working directory, the files there before, the finished ``rlx`` process).
+    """case id -> (its working directory, the files there before, the finished ``rlx`` command).
 
-    Each case is a separate ``rlx`` process in a directory (and MLflow store) of its own; they run a few at a
-    time, since most of each one's time goes to starting Python and importing torch.
+    Each case runs in a directory (and MLflow store) of its own, where PAST_TORCH and OWN_PROCESS say, the
+    processes two at a time (most of a process's time goes to starting Python and importing torch) while this one
+    runs the cases refused before torch, one after the other (a case that gets past validation fails).
     """
+    from rlx_cli.engine import engine
+    from rlx_cli.loops import run
+
     prepared = {}
     for case_id, argv, _, env, setup in CASES:
         workdir = tmp_path_factory.mktemp(case_id)
         if setup:
             setup(workdir)
         prepared[case_id] = (workdir, argv, {"MLFLOW_TRACKING_URI": store(workdir), **(env or {})})
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        running = {
-            case_id: (workdir, files(workdir), pool.submit(rlx, *argv, cwd=workdir, env=env, timeout=120))
+    before = {case_id: files(workdir) for case_id, (workdir, _, _) in prepared.items()}
+    environ = dict(os.environ)  # read here: the cases run in this process change os.environ meanwhile
+    apart = {case_id: prepared[case_id] for case_id in PAST_TORCH}
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        together = pool.submit(rlx_in_one_process, {k: (a, w, e) for k, (w, a, e) in apart.items()},
+                               tmp_path_factory.mktemp("past-torch"), environ)  # fmt: skip
+        alone = {
+            case_id: pool.submit(process, argv, workdir, {**environ, **env})
             for case_id, (workdir, argv, env) in prepared.items()
+            if case_id in OWN_PROCESS
         }
-        return {case_id: (workdir, before, done.result()) for case_id, (workdir, before, done) in running.items()}
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(run, "become_torchrun", past_validation)  # what train does once validated
+            patch.setattr(engine, "map_large_allocations", past_validation)
+            here = {
+                case_id: rlx_here(*argv, cwd=workdir, env=env)
+                for case_id, (workdir, argv, env) in prepared.items()
+                if case_id not in PAST_TORCH | OWN_PROCESS
+            }
+        done = here | together.result() | {case_id: result.result() for case_id, result in alone.items()}
+    return {case_id: (workdir, before[case_id], done[case_id]) for case_id, (workdir, _, _) in prepared.items()}
 
 
 @pytest.mark.parametrize(("case_id", "named"), [pytest.param(c[0], c[2], id=c[0]) for c in CASES])
@@ -305,6 +352,7 @@ def test_a_mistake_is_one_line_exit_2_no_traceback_no_run(outcomes, case_id, nam
 
 def test_there_are_at_least_25_cases_and_docs_list_them_all():
     assert len(CASES) >= 25
+    assert PAST_TORCH | OWN_PROCESS <= {c[0] for c in CASES} and not PAST_TORCH & OWN_PROCESS  # no stale name
     doc = (Path(__file__).resolve().parents[1] / "docs" / "errors.md").read_text()
     missing = [c[0] for c in CASES if f"`{c[0]}`" not in doc]
     assert not missing, missing

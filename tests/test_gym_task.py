@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import mlflow_runs, rlx
+from conftest import mlflow_runs, rlx, rlx_together
 
 from rlx_cli.config.errors import UserError
 from rlx_cli.engine.base_model import char_tokenizer
@@ -154,10 +154,28 @@ FAMILIES = {
 QUICK_BASE = ["model.sft.steps=20", "model.sft.batch_size=16"]  # a base built in seconds (its own cache key)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_each_family_trains_three_steps(workdir: Path, family: str):
+def store(folder: Path) -> str:
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def family_runs(tmp_path_factory) -> dict:
+    """family -> (its folder, its finished ``rlx train``): the three runs at once, one thread each, each in a folder
+    and MLflow store of its own (a base is built under a lock: one process builds it, any other waits)."""
     short = ["trainer.steps=3", "trainer.eval_every=0", "rollout.prompts_per_step=4", "task.eval_size=8"]
-    result = rlx("train", "task=gym", *FAMILIES[family], *QUICK_BASE, *short, "trainer.threads=1", cwd=workdir)
+    folders = {family: tmp_path_factory.mktemp(family) for family in FAMILIES}
+    results = rlx_together(
+        *[["train", "task=gym", *FAMILIES[family], *QUICK_BASE, *short, "trainer.threads=1"] for family in FAMILIES],
+        cwd=list(folders.values()),
+        env=[{"MLFLOW_TRACKING_URI": store(folder)} for folder in folders.values()],
+    )
+    return {family: (folders[family], result) for family, result in zip(FAMILIES, results)}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_trains_three_steps(family_runs, monkeypatch, family: str):
+    workdir, result = family_runs[family]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store(workdir))
     assert result.returncode == 0, result.stderr[-2000:]
     final = json.loads(next(workdir.glob("outputs/*/metrics.json")).read_text())
     assert 0.0 <= final["eval/accuracy"] <= 1.0 and final["perf/samples"] == 3 * 4 * 8

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import SHORT, mlflow_runs, rlx
+from conftest import SHORT, mlflow_runs, rlx_together
 from safetensors.torch import load_file
 
 from rlx_cli.loops import checkpoint
@@ -19,11 +19,30 @@ def policy_weights(ckpt) -> dict[str, torch.Tensor]:
     return load_file(ckpt / "policy.safetensors")
 
 
+def store(folder) -> str:
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """The two runs below at once (one thread each), each in a folder and MLflow store of its own: test name ->
+    (its folder, its finished ``rlx train``)."""
+    folders = {name: tmp_path_factory.mktemp(name) for name in ("injected", "persistent")}
+    persistent = ["trainer.steps=8", "trainer.ckpt_every=2", "trainer.max_skipped=3"]
+    injected, failed = rlx_together(
+        ["train", *RUN, "trainer.ckpt_every=1", "trainer.keep_ckpts=3"],
+        ["train", *RUN, *persistent],
+        cwd=list(folders.values()),
+        env=[{"MLFLOW_TRACKING_URI": store(folders["injected"]), "RLX_INJECT_NAN": "step:2"},
+             {"MLFLOW_TRACKING_URI": store(folders["persistent"]), "RLX_INJECT_NAN": "from:3"}],
+    )  # fmt: skip
+    return {"injected": (folders["injected"], injected), "persistent": (folders["persistent"], failed)}
+
+
 @pytest.mark.slow
-def test_an_injected_nan_is_skipped_and_counted(workdir):
-    out = rlx(
-        "train", *RUN, "trainer.ckpt_every=1", "trainer.keep_ckpts=3", cwd=workdir, env={"RLX_INJECT_NAN": "step:2"}
-    )
+def test_an_injected_nan_is_skipped_and_counted(runs, monkeypatch):
+    workdir, out = runs["injected"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store(workdir))
     assert out.returncode == 0, out.stderr
     final = json.loads((workdir / "out" / "metrics.json").read_text())
     assert final["train/skipped_steps"] == 2 and final["train/skipped_consecutive"] == 0  # both minibatches of step 2
@@ -40,9 +59,9 @@ def test_an_injected_nan_is_skipped_and_counted(workdir):
 
 
 @pytest.mark.slow
-def test_a_persistent_nan_fails_the_run_and_keeps_the_last_good_checkpoint(workdir):
-    steps = ["trainer.steps=8", "trainer.ckpt_every=2", "trainer.max_skipped=3"]
-    out = rlx("train", *RUN, *steps, cwd=workdir, env={"RLX_INJECT_NAN": "from:3"})
+def test_a_persistent_nan_fails_the_run_and_keeps_the_last_good_checkpoint(runs, monkeypatch):
+    workdir, out = runs["persistent"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store(workdir))
     assert out.returncode == 1, out.stderr
     error = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert len(error) == 1 and "Traceback" not in out.stderr

@@ -8,11 +8,16 @@ import pytest
 import torch
 from conftest import save_tiny_llama
 
+from components import registry
 from rlx_cli.config.compose import compose, job_config
 from rlx_cli.loops.build import components_of
 
 ROWS = 16
 ZERO_ROWS = torch.arange(ROWS) % 3 == 0  # rows 0, 3, ..., 15: a group whose answers all scored alike
+# every policy loss registered advantage_weighted (whose rows without advantage may skip their backward), and the rest
+LOSSES = registry.names("policy_loss")
+ADVANTAGE_WEIGHTED = [name for name in LOSSES if registry.advantage_weighted("policy_loss", name)]
+OTHER_LOSSES = [name for name in LOSSES if name not in ADVANTAGE_WEIGHTED]
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +73,7 @@ def two_updates(model_dir, overrides: list[str], skip: bool) -> dict:
 
 @pytest.mark.parametrize(
     "overrides",
-    [["algo=grpo"], ["algo=cispo"], ["algo=gspo"], ["algo=gmpo"], ["algo=sapo"], ["algo=grpo", "model.finetune=lora"]],
+    [["algo=grpo", f"policy_loss={name}"] for name in ADVANTAGE_WEIGHTED] + [["algo=grpo", "model.finetune=lora"]],
     ids=lambda o: " ".join(o),
 )
 def test_skipping_the_backward_of_rows_without_advantage_changes_nothing_but_the_work(model_dir, overrides):
@@ -120,7 +125,7 @@ def test_rows_whose_real_tokens_have_no_advantage_run_forward_only(algo):
         ["algo=clip_cov"],
         ["algo=kl_cov"],
         ["algo=vapo"],  # its LM loss on positive samples
-        ["policy_loss=none"],
+        *[[f"policy_loss={name}"] for name in OTHER_LOSSES],  # not registered advantage_weighted: none among them
     ],
     ids=lambda o: " ".join(o),
 )

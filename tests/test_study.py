@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -362,7 +363,7 @@ def by_point(workdir: Path) -> dict[str, list]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal and /proc are Linux's")
 def test_a_killed_study_launched_again_ends_as_if_never_stopped(tmp_path, monkeypatch):
     """Acceptance 2: 6 points, 2 jobs; the driver SIGKILLed mid-way with one worker (the other stops by itself);
-    the same command again; then the same points run without a stop."""
+    the same command again; then the two stopped points run without a stop."""
     from rlx_cli.studies.report import report_command
     from rlx_cli.studies.status import gather
 
@@ -372,7 +373,7 @@ def test_a_killed_study_launched_again_ends_as_if_never_stopped(tmp_path, monkey
         folder.mkdir()
     monkeypatch.chdir(cut)
     in_store(cut)
-    before, stopped, _ = kill_mid_way(cut)
+    before, stopped, lost = kill_mid_way(cut)
     assert before.count("running") == 2 and "pending" in before, before
     after = {p.label: p for p in gather("cut").points}
     notes = sorted(p.note for p in after.values() if p.state == "stopped")
@@ -388,28 +389,47 @@ def test_a_killed_study_launched_again_ends_as_if_never_stopped(tmp_path, monkey
     assert finished >= 1 and "6 finished" not in again.stdout
     assert [p.state for p in gather("cut").points] == ["finished"] * 6
 
-    # the same points run to their end without a stop: what each of the study's workers runs, one after the other
-    # in this process (saving six start-ups), in a store of their own
+    # the two points that were stopped, run to their end without a stop: what each of their workers runs, one after
+    # the other in this process (saving start-ups), in a copy of the study's store where their runs are deleted; so
+    # the copy holds the study as if it had never been stopped (the four other points ran without a stop in it)
+    from mlflow.tracking import MlflowClient
+
     from rlx_cli.loops.run import train_command
     from rlx_cli.studies.study import point_folder, worker_overrides
     from rlx_cli.studies.sweep import expand, plan
 
+    grid = plan(expand(GRID))
+    halted = [p for p in grid if point_folder(p, "cut").name in (stopped, lost)]
+    assert len(halted) == 2 and stopped != lost
+    source, copy = sqlite3.connect(cut / "mlflow.db"), sqlite3.connect(straight / "mlflow.db")
+    source.backup(copy)
+    source.close()
+    copy.close()
     monkeypatch.chdir(straight)
     monkeypatch.setenv("RLX_STUDY", "cut")
     in_store(straight)
-    for point in plan(expand(GRID)):
+    for point in halted:
+        for run_id in by_point(straight)[point.key]["run_id"]:
+            MlflowClient().delete_run(run_id)
         train_command(worker_overrides(point, point_folder(point, "cut")))
 
-    reference = {key: group.iloc[0] for key, group in by_point(straight).items()}
-    expected = {key: histories(run["run_id"]) for key, run in reference.items()}
+    reference = by_point(straight)
+    assert all(len(reference[p.key]) == 1 for p in halted)  # the copy's runs of a stopped point are gone
+    expected = {p.key: histories(reference[p.key].iloc[0]["run_id"]) for p in halted}
     in_store(cut)
     points = by_point(cut)
-    assert set(points) == set(reference) and len(points) == 6
-    for key, group in points.items():
-        assert (group["status"] == "FINISHED").sum() == 1, (key, group["status"].tolist())  # exactly once
+    assert set(points) == {p.key for p in grid} and len(points) == 6
+    for point in grid:
+        group = points[point.key]
+        assert (group["status"] == "FINISHED").sum() == 1, (point.key, group["status"].tolist())  # exactly once
         assert "RUNNING" not in set(group["status"])
         run = group[group["status"] == "FINISHED"].iloc[0]
-        assert histories(run["run_id"]) == expected[key]  # the same steps and values, each stored once
+        stored = histories(run["run_id"])
+        if point.key in expected:
+            assert stored == expected[point.key]  # the same steps and values, each stored once
+        else:  # it ran without a stop: each step once
+            assert [step for step, _ in stored["train/reward"]] == list(range(1, point.steps + 1)), point.key
+            assert all(len({step for step, _ in h}) == len(h) for h in stored.values()), point.key
     assert set(mlflow_runs(cut)["status"]) <= {"FINISHED", "KILLED"}  # none RUNNING, the parent run included
 
     for options in ({}, {"with_stats": True}):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import SHORT, mlflow_runs, rlx
+from conftest import SHORT, mlflow_runs, rlx, rlx_here
 
 from rlx_cli.config.errors import UserError
 from rlx_cli.studies import study, sweep
@@ -110,7 +110,7 @@ def test_a_missing_cluster_package_is_one_line(monkeypatch, package):
 
 
 def test_dry_run_prints_the_points_and_writes_nothing(workdir):
-    out = rlx("sweep", "algo=grpo", "policy_loss.eps_high=0.2,0.28", "seed=0,1", "--dry-run", cwd=workdir)
+    out = rlx_here("sweep", "algo=grpo", "policy_loss.eps_high=0.2,0.28", "seed=0,1", "--dry-run", cwd=workdir)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("rlx sweep: 4 runs in study 'grpo-sweep-")
@@ -120,7 +120,7 @@ def test_dry_run_prints_the_points_and_writes_nothing(workdir):
 
 
 def test_ablate_dry_run_on_the_presets(workdir):
-    out = rlx("ablate", "algo=vapo", "--seeds", "2", "--dry-run", cwd=workdir)
+    out = rlx_here("ablate", "algo=vapo", "--seeds", "2", "--dry-run", cwd=workdir)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     count = int(lines[0].split(": ")[1].split()[0])
@@ -144,7 +144,8 @@ def test_ablate_dry_run_on_the_presets(workdir):
     ],
 )
 def test_sweep_mistakes_exit_2_and_write_nothing(workdir, args, named):
-    out = rlx("sweep", "trainer.steps=1", *args, cwd=workdir)
+    run = rlx if args == ["--nope"] else rlx_here  # one in a process of its own: the exit code a shell sees
+    out = run("sweep", "trainer.steps=1", *args, cwd=workdir)
     assert out.returncode == 2, out.stdout + out.stderr
     assert out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
     for text in named:
@@ -162,7 +163,7 @@ def test_eight_parallel_jobs_on_one_fresh_sqlite_store_lose_nothing(workdir):
     from mlflow.tracking import MlflowClient
 
     short = ["trainer.steps=2", *[a for a in SHORT if not a.startswith("trainer.steps=")]]
-    out = rlx("sweep", "seed=range(8)", *short, "--jobs", "8", cwd=workdir)
+    out = rlx("sweep", "seed=range(8)", *short, "--jobs", "8", "--no-report", cwd=workdir)  # its table unread
     assert out.returncode == 0, out.stdout + out.stderr
     assert "8 finished, 0 failed, 0 skipped" in out.stdout
     runs = mlflow_runs(workdir)
@@ -241,11 +242,11 @@ def test_a_sweep_ends_with_its_table_where_a_far_too_high_rate_is_flagged_collap
     runs = pd.read_csv(folder / "table-runs.csv")
     assert len(runs) == 4 and {"status", "eval/accuracy_sampled_se", "eval/accuracy start"} <= set(runs.columns)
 
-    report = rlx("report", "--study", "health", "--stats", "--metric", "eval/accuracy", cwd=workdir)
+    report = rlx_here("report", "--study", "health", "--stats", "--metric", "eval/accuracy", cwd=workdir)
     headers, rows = table_of(report.stdout)
     assert report.returncode == 0 and {"verdict", "eval SE", "health"} <= set(headers)
     assert "collapsed" in rows["grpo trainer.lr=0.01"][headers.index("health")]
-    again = rlx("report", "--runs", str(folder / "table-runs.csv"), "--stats", cwd=workdir)
+    again = rlx_here("report", "--runs", str(folder / "table-runs.csv"), "--stats", cwd=workdir)
     assert table_of(again.stdout) == table_of(out.stdout)  # the same table from the file alone
 
     quiet = rlx("sweep", *args, "--study", "health", "--no-report", cwd=workdir)
