@@ -74,7 +74,8 @@ def build_table(arms: list[tuple[str, str]], base: str, records: dict[str, list[
         for i, arm in enumerate(table["arm"]):  # Δ on the seeds the arm was judged on (it may have run fewer)
             if arm in verdicts and not math.isnan(verdicts[arm].delta):
                 table.loc[i, "delta"] = verdicts[arm].delta
-        add_looks(table, state, plan)
+        if len(plan.looks) > 1:
+            add_looks(table, state, plan)
         design = design_notes(state, plan, judging)
     elif judging:
         add_verdicts(table, comparisons, judging)
@@ -176,7 +177,7 @@ def design_notes(state: sequential.Replay, plan: StudyPlan, judging: Judging) ->
     needed = max((n for n in fixed if n), default=None)
     arms = len(state.arms)
     fixed_words = (f"a fixed design deciding each arm with 80% power at its estimated Δ and σ (α/{arms}) would "
-                   f"run {needed} seeds an arm: {needed * (arms + 1)} runs") if needed else ""  # fmt: skip
+                   f"run {needed:,} seeds an arm: {needed * (arms + 1):,} runs") if needed else ""  # fmt: skip
     lines.append(f"runs spent: {spent} (each arm's seeds and the baseline's)" + (f"; {fixed_words}" if needed else ""))
     return lines
 
