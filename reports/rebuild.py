@@ -9,8 +9,9 @@ became one number, the baseline, the margin, α and the direction of its verdict
 ``T-curves.csv`` beside it holds). What only the MLflow store knew when the table was written is kept from the
 committed file: the caption's reduction and budget in words ("last up to samples = 12,800"), the line naming the
 experiment and the common overrides, and the columns computed from curves the runs file does not hold (the AUC at
-equal compute, the samples drawn), cells and legend as they were. Everything else (means, tests, verdicts, intervals,
-seeds to decide, eval SE, health, the notes and the legend) comes from the code.
+equal compute, the samples drawn), cells and legend as they were. A declared study's table (a "declared …" line under
+it) is judged by the plan beside its data (``plan.yaml``, the copy stored at its first launch). Everything else
+(means, tests, verdicts, intervals, seeds to decide, eval SE, health, the notes and the legend) comes from the code.
 """
 
 from __future__ import annotations
@@ -79,8 +80,11 @@ def rebuilt(path: Path) -> str:
     how, k = reduction(said)  # extras say how they were reduced; a store table's reduced as its metric
     with_stats = "test" in headers  # tables from before verdicts existed have the tests alone: judged now
     margin, alpha = (float(caption[key]) if caption[key] else None for key in ("margin", "alpha"))
+    declared = any(n.startswith("declared ") for n in notes)  # a declared study's: judged by its plan beside the data
+    plan = runs.parent / "plan.yaml" if declared else None
     request = Request(runs=runs, baseline=caption["base"], extras=tuple(extras), reduce_by=how, k=k,
-                      with_stats=with_stats, margin=margin, alpha=alpha, direction=caption["direction"])  # fmt: skip
+                      with_stats=with_stats, margin=None if plan else margin, alpha=None if plan else alpha,
+                      direction=None if plan else caption["direction"], plan=plan)  # fmt: skip
     tabled = tabulate(report_read.from_file(request), request)
     context = tabled.context
     context.reduce, context.budget = caption["reduce"], caption["budget"] or ""

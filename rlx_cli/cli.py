@@ -228,6 +228,9 @@ def report(
     plan_seeds: bool = typer.Option(
         False, "--plan-seeds", help="Planning from a pilot: per arm the seeds a fixed and a sequential design need."
     ),
+    plan: Path = typer.Option(
+        None, "--plan", help="With --runs: judge a declared study's per-run data by its plan file (looks, arms)."
+    ),
     x: str = typer.Option(
         None, "--x", help="Curves over step | samples | tokens | wall: runs cut at the common budget, an AUC column."
     ),
@@ -249,7 +252,7 @@ def report(
         experiment=experiment, study=study, metric=metric, baseline=baseline, reduce_by=reduce, k=k, fmt=fmt,
         out=out, plots=plots, extra_metrics=extra_metrics, with_stats=stats, direction=direction,
         seeds=seeds, arm_names=arm, fit=fit, power=power, x=x, fit_from=fit_from, runs=runs, margin=margin, alpha=alpha,
-        plan_seeds=plan_seeds,
+        plan_seeds=plan_seeds, plan=plan,
     )  # fmt: skip
     if out is None:
         print(text, end="")

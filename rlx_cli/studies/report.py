@@ -64,6 +64,7 @@ class Request:
     margin: float | None = None
     alpha: float | None = None
     plan_seeds: bool = False
+    plan: Path | None = None  # with --runs: the declared study's plan file, which judges its table
 
     def judging(self, plan, metric: str) -> stats.Judging:
         """The margin, α and direction: the options, else the plan's, else the defaults (a metric known to be
@@ -90,13 +91,18 @@ def run(request: Request) -> str:
             raise UserError(f"--runs rebuilds the table from its file; --{given[0]} needs the MLflow store (valid: "
                             "--runs without it, or --experiment/--study without --runs)")  # fmt: skip
         read = report_read.from_file(request)
+        if read.plan:
+            check_against(request, read.plan)
         return written(tabulate(read, request).render(request.fmt), request.out)
+    if request.plan is not None:
+        raise UserError("--plan judges a --runs FILE; a study's own plan is read from the store (valid: --runs FILE "
+                        "--plan PLAN, or --study NAME alone)")  # fmt: skip
     plan = report_read.declared(request.study)
     if plan:
         check_against(request, plan)
     metric = request.metric or (plan.metric if plan else DEFAULT_METRIC)
     if plan and not request.extras:
-        request = replace(request, extras=tuple(plan.secondary))
+        request = replace(request, extras=tuple(m for m in [plan.metric, *plan.secondary] if m != metric))
     arms, base, known = report_read.select(request, metric, plan, with_failed=request.fit is None)
     if request.fit == "entropy":
         from rlx_cli.studies import entropy_fit

@@ -105,8 +105,10 @@ def from_store(request, metric: str, plan, arms: list[Arm], base: Arm, known: li
 
 
 def from_file(request) -> Read:
-    """``rlx report --runs FILE``: the records of a ``*-runs.csv`` (its extras from the ``*-curves.csv`` beside it)."""
+    """``rlx report --runs FILE``: the records of a ``*-runs.csv`` (its extras from the ``*-curves.csv`` beside it);
+    with ``--plan PLAN`` a declared study's, judged by the plan (its arms are the file's arm names)."""
     path, how, k = request.runs, request.reduce_by, request.k
+    plan = study_plan.load(request.plan) if request.plan is not None else None
     found, records = run_records.read(path, list(request.extras), how, k)
     if request.metric is not None and request.metric != found:
         raise UserError(f"--metric {request.metric}: {path} holds {found} (valid: --metric {found}, or no --metric)")
@@ -120,7 +122,8 @@ def from_file(request) -> Read:
         words = override_tokens(label.split(" #")[0])
         ablate = next((w.split("=", 1)[1] for w in words if w.startswith("+ablate=")), "none")
         arms.append(Arm(words[1:], words[0] if words else "?", ablate, label=label))
-    named_base = None if request.baseline is None else pick_arm(arms, request.baseline, "--baseline")
+    baseline = request.baseline or (plan.baseline if plan else None)
+    named_base = None if baseline is None else pick_arm(arms, baseline, "--baseline")
     if request.arm_names:
         chosen = {id(pick_arm(arms, name, "--arm")) for name in request.arm_names}
         arms = [a for a in arms if id(a) in chosen | ({id(named_base)} if named_base else set())]
@@ -131,7 +134,7 @@ def from_file(request) -> Read:
     context = report_format.Context(metric=found, reduce=f"{path.name}'s value", baseline=base.label, common="",
                                     source=f"runs {path}", extras=list(request.extras),
                                     described=dict.fromkeys(request.extras, said))  # fmt: skip
-    return Read(arms, base, by_arm, context)
+    return Read(arms, base, by_arm, context, plan=plan)
 
 
 def records_of(arms: list[Arm], curves: dict, raw: dict, metric: str, extras: list[str], how: str, k: int):

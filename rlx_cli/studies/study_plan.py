@@ -171,7 +171,7 @@ def parse(raw: dict, source: str = "") -> StudyPlan:
         reduce=str(raw.get("reduce", "last")), direction=raw.get("direction"), design=design,
         control=bool(raw.get("control", design == "until_decided")), spending=str(raw.get("spending", "pocock")),
         declared=str(raw.get("declared", "")),
-        commit=str(raw.get("commit", "")), source=source, **numbers,
+        commit=str(raw.get("commit", "")), source=str(raw.get("source") or source), **numbers,
     )  # fmt: skip
     return check(with_control(plan))
 
