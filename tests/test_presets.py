@@ -24,6 +24,7 @@ OVERLAY_KEYS = {
     "no_token_loss": {"loss_agg.mode"},
     "no_positive_nll": {"lm_loss.coef"},
     "no_group_sampling": {"rollout.group_size", "rollout.prompts_per_step"},
+    "noop": {"trainer.loss_scale"},  # the no-op control: the loss times 1 + 2^-20, a different rounding only
 }
 
 
