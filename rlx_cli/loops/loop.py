@@ -224,7 +224,7 @@ def gpu_memory(device: torch.device) -> dict[str, float]:
 def logp_metrics(old_logp, ref_logp, sampler_logp, mask) -> dict[str, float]:
     """``train/kl`` (k3 estimate to the reference; none on a step without ``ref_logp``) and, when the sampler gave
     its own log-probs (sampled answers), how far it is from the trainer: ``train/rollout_kl`` (mean k3 estimate of
-    KL(sampler ‖ trainer) on the sampled tokens), ``train/rollout_logp_diff_max`` and ``rollout/logp_gap`` (the
+    KL(sampler ‖ trainer) on the sampled tokens), ``train/sampler_logp_gap_max`` and ``train/sampler_logp_gap`` (the
     largest and the mean |sampler log-prob − trainer log-prob|). Tensors ``[B, T]``, over ``mask``'s tokens."""
     metrics = {}
     if ref_logp is not None:
@@ -232,8 +232,8 @@ def logp_metrics(old_logp, ref_logp, sampler_logp, mask) -> dict[str, float]:
     if sampler_logp is not None:
         gap = torch.where(mask.bool(), (old_logp - sampler_logp).abs(), 0.0)
         metrics["train/rollout_kl"] = float(masked_mean(kl_estimate(sampler_logp, old_logp, kind="k3"), mask))
-        metrics["train/rollout_logp_diff_max"] = float(gap.max()) if gap.numel() else 0.0
-        metrics["rollout/logp_gap"] = float(masked_mean(gap, mask))
+        metrics["train/sampler_logp_gap_max"] = float(gap.max()) if gap.numel() else 0.0
+        metrics["train/sampler_logp_gap"] = float(masked_mean(gap, mask))
     return metrics
 
 

@@ -107,7 +107,7 @@ def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dic
             logp, entropy = parts.models.scorer(mb.batch, cfg.rollout.temperature, with_entropy=True)
             real = mb.batch.response_mask
             t = {name: cut(x, mb) for name, x in tensors.items()}
-            t.update(logp=logp, entropy=entropy, mask=real, rollout_logp=mb.batch.sampler_logp)
+            t.update(logp=logp, entropy=entropy, mask=real, sampler_logp=mb.batch.sampler_logp)
             t["old_logp"] = logp.detach() if t["old_logp"] is None else t["old_logp"]
             shares = Shares(
                 loss=share(denominator(real, mode=agg_mode), normaliser, mb.padding),
