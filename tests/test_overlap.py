@@ -153,9 +153,9 @@ def test_old_logp_sampler_takes_the_sampler_log_probs_and_skips_the_recompute(wo
         forwards.append(reference)
         return logp(self, batch, temperature, reference=reference)
 
-    def recorded(cfg, parts, state, step, batch, old_logp, *rest):
-        seen.append(torch.equal(old_logp, batch.sampler_logp))
-        return update_step(cfg, parts, state, step, batch, old_logp, *rest)
+    def recorded(cfg, parts, state, step, inputs):
+        seen.append(torch.equal(inputs.old_logp, inputs.batch.sampler_logp))
+        return update_step(cfg, parts, state, step, inputs)
 
     monkeypatch.setattr(Engine, "logp", counted)
     monkeypatch.setattr(loop, "update_step", recorded)

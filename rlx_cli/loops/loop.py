@@ -23,7 +23,7 @@ from rlx_cli.loops.groups import sample_groups
 from rlx_cli.loops.guard import count_update
 from rlx_cli.loops.overlap import Ahead
 from rlx_cli.loops.signals import StopRequests
-from rlx_cli.loops.update import update_step, value_update
+from rlx_cli.loops.update import UpdateBatch, update_step, value_update
 from rlx_cli.sampling import credit
 
 
@@ -36,7 +36,6 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
     models, comp, engine = parts.models, parts.components, parts.engine
     policy, critic = models.policy, models.critic
     rollout_cfg, trainer = cfg.rollout, cfg.trainer
-    agg_mode = comp["loss_agg"].hparams["mode"]
     kl, last = comp["kl"], state.metrics
     clock = Clock(state.compute)  # perf/samples, perf/tokens, perf/train_tokens, perf/wall_s
 
@@ -125,9 +124,8 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             positive = scores > 0
             truncated = cut_short(batch, models.tokenizer.eos_token_id, rollout_cfg.max_new_tokens)
             learned = batch.without_rows(truncated) if shaping.wiring["overlong_filter"] else batch
-            update, seen_logp = update_step(
-                cfg, parts, state, step, learned, old_logp, ref_logp, advantages, positive, values, returns, agg_mode
-            )
+            inputs = UpdateBatch(learned, advantages, positive, old_logp, ref_logp, values, returns)
+            update, seen_logp = update_step(cfg, parts, state, step, inputs)
             if old_logp is None:  # the update's own forward measured them
                 old_logp = distributed.sum_rows(seen_logp)
             sampler_logp = None if bypass else batch.sampler_logp  # bypass: the old log-probs are the sampler's
