@@ -82,6 +82,8 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             temperature, bypass = rollout_cfg.temperature, trainer.old_logp == "sampler"
             if bypass:
                 old_logp = own.sampler_logp
+                if old_logp is None:  # the update would measure its own instead: not what was asked for
+                    raise RuntimeError("trainer.old_logp=sampler, but the sampler returned no log-probs of its tokens")
             else:
                 old_logp = None if reuses_update_logp(cfg, kl) else engine.logp(own, temperature)
             ref_logp = engine.logp(own, temperature, reference=True) if measures_kl(kl, step, trainer.steps) else None
