@@ -31,6 +31,7 @@ EQUAL = {
     "fast-lora-lag2-tis": ["rollout=fast", "model.finetune=lora", "rollout.lag=2", "rollout_correction=tis"],
     "hf-full-lag2-sampler-logp": ["rollout=hf", "rollout.lag=2", "trainer.old_logp=sampler"],
     "hf-lora-lag1": ["rollout=hf", "model.finetune=lora", "rollout.lag=1"],
+    "fast-full-lag1-bf16-checkpointing": ["rollout.lag=1", "rollout.dtype=bf16", "model.activation_checkpointing=true"],
 }
 
 
