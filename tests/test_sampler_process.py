@@ -1,6 +1,6 @@
-"""The sampler process of ``rollout.overlap`` as a process: how long the trainer waits for it, the weights it reads on
-a GPU, its own errors, the trainer's judge, and signals (SIGTERM to the trainer, Ctrl-C to the process group while the
-sampler starts, the trainer's death): each ends the run as it should."""
+"""The sampler process of ``rollout.overlap`` as a process: how many threads it and the trainer take, how long the
+trainer waits for it, the weights it reads on a GPU, its own errors, the trainer's judge, and signals (SIGTERM to the
+trainer, Ctrl-C to the process group while the sampler starts, the trainer's death): each ends the run as it should."""
 
 from __future__ import annotations
 
@@ -17,9 +17,30 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import REPO, SHORT, mlflow_runs, save_tiny_llama
+from omegaconf import OmegaConf
 from test_overlap import STALE, gone, sampler_process
 
 from rlx_cli.loops import checkpoint
+
+
+@pytest.mark.parametrize(
+    ("trainer", "sampler", "overlap", "cores", "expected"),
+    [
+        (0, 0, False, 2, (0, 0)),  # no sampler process: torch's default
+        (0, 0, True, 2, (1, 1)),  # the 2 cores split: never 4 threads on 2 cores
+        (0, 0, True, 3, (2, 1)),
+        (0, 0, True, 16, (8, 8)),
+        (0, 0, True, 1, (1, 1)),  # at least one each
+        (3, 0, True, 4, (3, 1)),  # what trainer.threads leaves
+        (0, 3, True, 4, (1, 3)),  # what rollout.threads leaves
+        (4, 4, True, 2, (4, 4)),  # both set: as set
+    ],
+)
+def test_the_trainer_and_the_sampler_process_split_the_cores(trainer, sampler, overlap, cores, expected):
+    from rlx_cli.loops.build import thread_counts
+
+    cfg = OmegaConf.create({"trainer": {"threads": trainer}, "rollout": {"threads": sampler, "overlap": overlap}})
+    assert thread_counts(cfg, cores) == expected
 
 
 class Alive:

@@ -6,8 +6,9 @@ whose tensors are in shared memory (``share_memory_()``), asks the sampler proce
 it samples. The sampler draws what the sequential loop would: the same prompts (a function of the seed, the step and
 the draw), the same random stream (``distributed.sampling_stream``), the same weights, and DAPO's carried groups with
 each request; the batch comes back through shared memory (torch.multiprocessing's queues). So a run with overlap is
-the run without it, metric for metric, when the sampler computes with as many threads as the trainer
-(``rollout.threads``; other counts sum floats in another order).
+the run without it, metric for metric, when the sampler computes with as many threads as the sequential run sampled
+with (other counts may sum floats in another order). By default the two processes split the cores between them
+(``build.thread_counts``): two busy processes that each took every core would fight over them.
 
 The sampler process ignores Ctrl-C and SIGTERM from its start (the trainer ends its step, checkpoints and stops it),
 ends when the trainer asks, and is killed by the kernel the moment the trainer dies (Linux; elsewhere after its batch).
@@ -36,7 +37,7 @@ from torch import nn
 
 from rlx_cli.engine.engine import Engine, map_large_allocations
 from rlx_cli.engine.models import Models
-from rlx_cli.loops.build import Parts, build_task, components_of
+from rlx_cli.loops.build import Parts, build_task, components_of, thread_counts
 from rlx_cli.loops.checkpoint import TrainState
 from rlx_cli.loops.groups import Groups, sample_groups
 from rlx_cli.sampling.judge import Judge, JudgedTask
@@ -186,7 +187,7 @@ def serve(setup: Setup, requests, results) -> None:
     try:
         map_large_allocations()  # as the trainer (loops/run.py): sampling's [rows, vocabulary] tensors leave no heap
         cfg = OmegaConf.create(setup.config)
-        threads = cfg.rollout.threads or cfg.trainer.threads
+        threads = thread_counts(cfg)[1]
         if threads:
             torch.set_num_threads(threads)
         parts = sampler_parts(cfg, setup)
