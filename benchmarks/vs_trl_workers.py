@@ -114,12 +114,12 @@ def rlx_worker(args) -> dict:
 
     from rlx_cli.engine import logprobs
     from rlx_cli.loops import loop, run
-    from rlx_cli.loops.overlap import Ahead
+    from rlx_cli.loops.overlap import SamplerProcess
     from rlx_cli.sampling import fast_rollout
 
     timers = Timers()
     loop.sample_groups = _starting(timers, loop.sample_groups, 2)
-    Ahead.take = _starting(timers, timers.wrap(Ahead.take, "generate"), 1)  # rollout.overlap: the wait for a batch
+    SamplerProcess.take = _starting(timers, timers.wrap(SamplerProcess.take, "generate"), 1)  # overlap: the wait
     logprobs.Scorer.forward = timers.wrap(logprobs.Scorer.forward, "logp", when=lambda: not torch.is_grad_enabled())
     _patch_generate(timers)
     fast_rollout.decode = timers.wrap(fast_rollout.decode, "generate")  # rollout=fast's loop, in place of generate

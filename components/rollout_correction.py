@@ -1,8 +1,8 @@
 """Rollout correction: importance weights for samples drawn by a sampler other than the trainer's policy.
 
 The sampler may be another engine (vLLM in bf16 against an fp32 trainer) or an older policy (``rollout.lag``); its
-own log-probs of the tokens it drew, ``rollout_logp``, sit beside ``old_logp``, the trainer's log-probs of the same
-tokens under the policy the update starts from (π_old). w = π_old / π_sampler = exp(old_logp − rollout_logp) per
+own log-probs of the tokens it drew, ``sampler_logp``, sit beside ``old_logp``, the trainer's log-probs of the same
+tokens under the policy the update starts from (π_old). w = π_old / π_sampler = exp(old_logp − sampler_logp) per
 token (``level="token"``) or its product over the sequence (``level="sequence"``), the log clamped at ±20 first
 (verl ``rollout_corr_helper``). ``tis`` truncates w at ``cap`` (truncated importance sampling; TRL's
 ``token_truncate``), ``mis`` zeroes it outside [``lower``, ``upper``] (masked importance sampling, IcePop; TRL's
@@ -31,16 +31,16 @@ LEVELS = ("token", "sequence")
 
 @register("rollout_correction", "tis", choices={"level": LEVELS})  # cap > 0: rlx_cli/config/validate.py
 def tis(
-    old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, *, level: str = "token", cap: float = 2.0
+    old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, *, level: str = "token", cap: float = 2.0
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Truncated importance weights min(w, ``cap``) ``[B, T]`` (``cap`` > 0) -> (weights, metrics).
 
-    ``old_logp``: the trainer's log-probs of the sampled tokens under π_old, ``rollout_logp``: the sampler's,
+    ``old_logp``: the trainer's log-probs of the sampled tokens under π_old, ``sampler_logp``: the sampler's,
     ``mask``: the real tokens, all ``[B, T]``. Metrics: ``weight_mean``, ``weight_max`` (after truncation),
     ``truncated_frac`` (w > cap), ``ess``.
     """
     real = as_bool(mask)
-    raw = importance_weights(old_logp, rollout_logp, real, level)
+    raw = importance_weights(old_logp, sampler_logp, real, level)
     weights = torch.where(real, raw.clamp(max=cap), 0.0)
     metrics = {**weight_metrics(weights, raw, real), "truncated_frac": masked_mean((raw > cap).float(), real)}
     return weights, metrics
@@ -51,7 +51,7 @@ def tis(
 )
 def mis(
     old_logp: Tensor,
-    rollout_logp: Tensor,
+    sampler_logp: Tensor,
     mask: Tensor,
     *,
     level: str = "token",
@@ -62,7 +62,7 @@ def mis(
     -> (weights, metrics). Inputs as ``tis``. Metrics: ``weight_mean``, ``weight_max`` (after masking),
     ``masked_frac`` (w outside the band), ``ess``."""
     real = as_bool(mask)
-    raw = importance_weights(old_logp, rollout_logp, real, level)
+    raw = importance_weights(old_logp, sampler_logp, real, level)
     inside = (raw >= lower) & (raw <= upper)
     weights = torch.where(real & inside, raw, 0.0)
     metrics = {**weight_metrics(weights, raw, real), "masked_frac": masked_mean((~inside).float(), real)}
@@ -70,15 +70,15 @@ def mis(
 
 
 @register("rollout_correction", "none")
-def none(old_logp: Tensor, rollout_logp: Tensor | None, mask: Tensor) -> tuple[None, dict[str, Tensor]]:
+def none(old_logp: Tensor, sampler_logp: Tensor | None, mask: Tensor) -> tuple[None, dict[str, Tensor]]:
     """No correction: (None, no metrics); the policy loss takes its per-token term as it is. Inputs unused."""
     return None, {}
 
 
-def importance_weights(old_logp: Tensor, rollout_logp: Tensor, real: Tensor, level: str) -> Tensor:
-    """w = exp(clamp(old_logp − rollout_logp, ±20)) ``[B, T]`` per token, or (``sequence``) exp of the clamped row
+def importance_weights(old_logp: Tensor, sampler_logp: Tensor, real: Tensor, level: str) -> Tensor:
+    """w = exp(clamp(old_logp − sampler_logp, ±20)) ``[B, T]`` per token, or (``sequence``) exp of the clamped row
     sum of the per-token log-ratios on every token of the row; detached, 1 on padding."""
-    log_w = torch.where(real, clamped_ratio(old_logp.detach(), rollout_logp)[0], 0.0)
+    log_w = torch.where(real, clamped_ratio(old_logp.detach(), sampler_logp)[0], 0.0)
     if level == "sequence":
         log_w = masked_sum(log_w, real, dim=-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).unsqueeze(-1).expand_as(log_w)
     elif level != "token":

@@ -76,7 +76,7 @@ def one_update(model_dir, mode: str, overrides: list[str]):
     from rlx_cli.loops.build import build
     from rlx_cli.loops.checkpoint import TrainState
     from rlx_cli.loops.progress import Progress
-    from rlx_cli.loops.update import update_step
+    from rlx_cli.loops.update import UpdateBatch, update_step
 
     cfg = job_config(
         compose(["model=hf", f"model.path={model_dir}", "trainer.threads=1", f"loss_agg.mode={mode}", *overrides])
@@ -106,9 +106,8 @@ def one_update(model_dir, mode: str, overrides: list[str]):
 
     before = trainable()
     torch.manual_seed(2)  # the minibatch permutation: rank 0's draw is one process's draw
-    metrics, _ = update_step(
-        cfg, parts, TrainState(), 1, batch, old_logp, ref_logp, advantages, positive, values, returns, mode
-    )
+    inputs = UpdateBatch(batch, advantages, positive, old_logp, ref_logp, values, returns)
+    metrics, _ = update_step(cfg, parts, TrainState(), 1, inputs)
     weights = trainable()
     moved = max((w - before[n]).abs().max().item() for n, w in weights.items())
     assert moved > 1e-3  # the update moved the policy

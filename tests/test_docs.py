@@ -87,8 +87,21 @@ def test_every_command_in_the_docs_composes_and_validates(line, monkeypatch):
         pytest.skip("names what it needs")
     monkeypatch.chdir(REPO)  # example files are named relative to the repository
     command, *args = shlex.split(line)[1:]
-    options = {"--jobs": 1, "--seeds": 1, "--study": 1, "--cfg": 1, "--launcher": 1, "--dry-run": 0, "--rerun": 0,
-               "--plan": 1, "--until-decided": 0, "--max-seeds": 1, "--every": 1, "--control": 0, "--no-control": 0}
+    options = {
+        "--jobs": 1,
+        "--seeds": 1,
+        "--study": 1,
+        "--cfg": 1,
+        "--launcher": 1,
+        "--dry-run": 0,
+        "--rerun": 0,
+        "--plan": 1,
+        "--until-decided": 0,
+        "--max-seeds": 1,
+        "--every": 1,
+        "--control": 0,
+        "--no-control": 0,
+    }
     if "--plan" in args:  # a declared study: its file parses and every arm composes and validates
         from rlx_cli.studies import deciding, study_plan
 

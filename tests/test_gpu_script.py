@@ -50,3 +50,22 @@ def test_the_step_part_runs_rlx_train_and_says_what_ran(tmp_path):
     assert run["steps"] == 3 and run["perf/update_s"] > 0 and run["profile"].startswith("update of step 3")
     assert run["in_effect"]["own_forward"] is True and run["in_effect"]["cuda_graphs"] is False
     assert "compiled" in run["in_effect"]  # trainer.compile=true, once the build passes it on
+
+
+@pytest.mark.slow
+def test_the_overlap_part_runs_the_same_run_with_and_without_the_sampler_process(tmp_path):
+    """The overlap part at a tiny shape on the CPU: both runs finish, each step's train/rollout_kl side by side, the
+    overlapped run logs the trainer's wait apart from the sampler's time."""
+    parts = speed(
+        tmp_path, "--parts", "overlap", "--prompts", "2", "--overlap-tokens", "4", "--micro-batch-tokens", "256"
+    )
+    part = parts["overlap"]
+    for name in ("0.5b-grpo-full-lag1", "0.5b-grpo-full-overlap"):
+        assert "cut" not in part[name] and "failed" not in part[name], part[name].get("log_tail")
+        assert part[name]["steps"] == 4 and part[name]["perf/generate_s"] > 0
+    assert (
+        "perf/sample_wait_s" in part["0.5b-grpo-full-overlap"]
+        and "perf/sample_wait_s" not in part["0.5b-grpo-full-lag1"]
+    )
+    assert len(part["rollout_kl_by_step"]) == 4
+    assert all(abs(s["sequential"] - s["overlap"]) <= 1e-6 for s in part["rollout_kl_by_step"])  # one run, twice

@@ -74,7 +74,7 @@ def test_tis_weights_are_one_when_the_sampler_is_the_trainer(workdir):
     final = train_command([*SHORT, "rollout_correction=tis", "trainer.minibatches=2", "tracking=none"])
     weights = final["train/rollout_is_weight_max"], final["train/rollout_is_weight_mean"]
     assert all(abs(w - 1) < 1e-5 for w in weights), weights
-    assert final["train/rollout_is_truncated_frac"] == 0.0 and final["train/rollout_logp_diff_max"] < 1e-4
+    assert final["train/rollout_is_truncated_frac"] == 0.0 and final["train/sampler_logp_gap_max"] < 1e-4
 
 
 @pytest.mark.slow
@@ -82,5 +82,5 @@ def test_a_stale_bf16_sampler_shows_in_the_rollout_metrics(workdir):
     from rlx_cli.loops.run import train_command
 
     final = train_command([*SHORT, "rollout.lag=1", "rollout.dtype=bf16", "rollout_correction=mis", "tracking=none"])
-    assert final["train/rollout_kl"] > 1e-6 and final["train/rollout_logp_diff_max"] > 1e-3
+    assert final["train/rollout_kl"] > 1e-6 and final["train/sampler_logp_gap_max"] > 1e-3
     assert 0.0 <= final["train/rollout_is_masked_frac"] < 0.5

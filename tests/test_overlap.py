@@ -4,6 +4,7 @@ fails the run instead of hanging it. ``trainer.old_logp=sampler``: the sampler's
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ EQUAL = {
     "fast-lora-lag2-tis": ["rollout=fast", "model.finetune=lora", "rollout.lag=2", "rollout_correction=tis"],
     "hf-full-lag2-sampler-logp": ["rollout=hf", "rollout.lag=2", "trainer.old_logp=sampler"],
     "hf-lora-lag1": ["rollout=hf", "model.finetune=lora", "rollout.lag=1"],
+    "fast-full-lag1-bf16-checkpointing": ["rollout.lag=1", "rollout.dtype=bf16", "model.activation_checkpointing=true"],
 }
 
 
@@ -153,9 +155,9 @@ def test_old_logp_sampler_takes_the_sampler_log_probs_and_skips_the_recompute(wo
         forwards.append(reference)
         return logp(self, batch, temperature, reference=reference)
 
-    def recorded(cfg, parts, state, step, batch, old_logp, *rest):
-        seen.append(torch.equal(old_logp, batch.sampler_logp))
-        return update_step(cfg, parts, state, step, batch, old_logp, *rest)
+    def recorded(cfg, parts, state, step, inputs):
+        seen.append(torch.equal(inputs.old_logp, inputs.batch.sampler_logp))
+        return update_step(cfg, parts, state, step, inputs)
 
     monkeypatch.setattr(Engine, "logp", counted)
     monkeypatch.setattr(loop, "update_step", recorded)
@@ -165,3 +167,19 @@ def test_old_logp_sampler_takes_the_sampler_log_probs_and_skips_the_recompute(wo
     assert "train/rollout_kl" not in final  # no trainer log-probs of the old policy to compare with
     train_command([*args, "rollout.lag=1", "trainer.old_logp=trainer", "trainer.output_dir=recomputed"])
     assert forwards.count(False) == 2  # one recompute a step
+
+
+def test_old_logp_sampler_without_the_samplers_log_probs_fails_instead_of_using_the_updates(workdir, monkeypatch):
+    from rlx_cli.engine import distributed
+    from rlx_cli.loops.run import train_command
+
+    gather = distributed.gather_samples
+
+    def without_logp(*args):  # a sampler that returned no log-probs of its tokens
+        batch, scores, group_index, metrics, own = gather(*args)
+        return batch, scores, group_index, metrics, dataclasses.replace(own, sampler_logp=None)
+
+    monkeypatch.setattr(distributed, "gather_samples", without_logp)
+    args = [*SHORT, "trainer.steps=1", "rollout.group_size=4", "tracking=none", "rollout.lag=1"]
+    with pytest.raises(RuntimeError, match="trainer.old_logp=sampler, but the sampler returned no log-probs"):
+        train_command([*args, "trainer.old_logp=sampler"])

@@ -32,7 +32,7 @@ def two_updates(model_dir, overrides: list[str], skip: bool) -> dict:
     from rlx_cli.loops.build import build
     from rlx_cli.loops.checkpoint import TrainState
     from rlx_cli.loops.progress import Progress
-    from rlx_cli.loops.update import update_step
+    from rlx_cli.loops.update import UpdateBatch, update_step
 
     settings = ["model=hf", f"model.path={model_dir}", "trainer.threads=1", "trainer.minibatches=1",
                 "trainer.micro_batch_tokens=64", "trainer.lr=1e-3", "trainer.warmup_steps=0",
@@ -60,9 +60,9 @@ def two_updates(model_dir, overrides: list[str], skip: bool) -> dict:
         return step_gradients(optimizer, params, max_norm)
 
     parts.engine.step_gradients = kept
-    state, positive, agg = TrainState(), torch.zeros(ROWS, dtype=torch.bool), cfg.loss_agg.mode
+    state, positive = TrainState(), torch.zeros(ROWS, dtype=torch.bool)
     for advantages in (noise * mask * ~ZERO_ROWS.unsqueeze(1), torch.zeros_like(mask)):
-        metrics, logp = update_step(cfg, parts, state, 1, batch, None, None, advantages, positive, None, None, agg)
+        metrics, logp = update_step(cfg, parts, state, 1, UpdateBatch(batch, advantages, positive))
         out["metrics"].append(metrics)
         out["logp"].append(logp)
         trainable = parts.models.policy.named_parameters()

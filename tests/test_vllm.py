@@ -86,5 +86,5 @@ def test_train_with_vllm_rollouts_end_to_end(workdir):
     out = rlx("train", *SHORT, "rollout=vllm", "trainer.output_dir=out", cwd=workdir)
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = json.loads((workdir / "out" / "metrics.json").read_text())
-    assert 0 <= metrics["rollout/logp_gap"] < 1e-3 and metrics["perf/sync_s"] > 0
+    assert 0 <= metrics["train/sampler_logp_gap"] < 1e-3 and metrics["perf/sync_s"] > 0
     assert "eval/accuracy" in metrics

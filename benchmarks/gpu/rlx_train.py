@@ -44,6 +44,7 @@ QWEN25 = {  # Qwen2.5's published shapes (config.json of each size)
 }  # fmt: skip
 FAST = ["rollout.cuda_graphs=auto", "trainer.compile=true"]  # issue 51: graphs on a GPU, compiled layers
 EAGER = ["rollout.cuda_graphs=false", "trainer.compile=false"]  # as rlx ran before them
+OVERLAP = ["rollout.overlap=true"]  # the next step sampled in a process of its own (loops/overlap.py)
 # name -> (shape, steps, overrides); the first step warms up, the last is reported
 RUNS = {
     "1.5b-grpo-full": ("1.5b", 2, ["algo=grpo", "model.finetune=full"]),
@@ -54,11 +55,15 @@ RUNS = {
     "1.5b-grpo-full-fast": ("1.5b", 2, ["algo=grpo", "model.finetune=full", *FAST]),  # speed.py's
     "1.5b-grpo-full-eager": ("1.5b", 2, ["algo=grpo", "model.finetune=full", *EAGER]),
     "7b-grpo-lora-fast": ("7b", 2, ["algo=grpo", "model.finetune=lora", *FAST]),  # step 1 compiles
+    # speed.py's overlap part (issue 59): the same lag-1 run sequential and with the sampler process
+    "0.5b-grpo-full-lag1": ("0.5b", 4, ["algo=grpo", "model.finetune=full", "rollout.lag=1", *EAGER]),
+    "0.5b-grpo-full-overlap": ("0.5b", 4, ["algo=grpo", "model.finetune=full", "rollout.lag=1", *OVERLAP, *EAGER]),
 }
 DEFAULT_RUNS = list(RUNS)[:5]
 KEYS = (
     "perf/step_s",
     "perf/generate_s",
+    "perf/sample_wait_s",
     "perf/logprobs_s",
     "perf/update_s",
     "perf/sync_s",
@@ -68,6 +73,8 @@ KEYS = (
     "train/response_len",
     "train/truncated_frac",
     "train/reward",
+    "train/rollout_kl",
+    "train/sampler_logp_gap_max",
 )
 
 
@@ -163,6 +170,7 @@ def run_one(name: str, args, models: dict[str, tuple[Path, int]], deadline: floa
     result |= {k: metrics[k] for k in KEYS if k in metrics}
     result["in_effect"] = metrics.get("in_effect")  # own forward, compiled, CUDA graphs (train_worker.py)
     result["step_s_each"] = [m["perf/step_s"] for m in logged]
+    result["rollout_kl_each"] = [m.get("train/rollout_kl") for m in logged]  # the sampler's log-probs to the trainer's
     if profiled:
         result["profile"] = table.read_text()
     if "perf/update_s" in metrics and "perf/seq_tokens" in metrics:

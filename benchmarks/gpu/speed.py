@@ -4,6 +4,7 @@
     python benchmarks/gpu/speed.py --parts step --out $OUT          # rlx train at 1.5B, graphs and compiled layers
     python benchmarks/gpu/speed.py --parts lora7b --out $OUT        # rlx train at 7B, LoRA, 32 x 4 x 1,024
     python benchmarks/gpu/speed.py --parts trl --out $OUT           # rlx against TRL at 1.5B (TRL's wheels carried)
+    python benchmarks/gpu/speed.py --parts overlap --out $OUT       # rollout.overlap's sampler process on the card
     python benchmarks/gpu/speed.py --device cpu --shape tiny --out /tmp/speed   # the CPU smoke run (seconds)
 
 Each part is a process of its own, stopped at ``--part-s`` (480 s), that writes ``speed_<part>.json`` in ``--out``
@@ -27,6 +28,11 @@ what it measured. Models are Qwen2.5's shapes with random weights (``rlx_train.p
 - ``trl``: ``benchmarks/vs_trl.py --device cuda`` at ``--sizes 1.5b``: rlx (``rollout=fast``, graphs, compiled
   layers) against TRL's GRPOTrainer (HF ``generate``), answers ending at EOS, activation checkpointing on both
   sides: the ratio; a cut run's finished workers summarised (``vs_trl.py --collect``).
+- ``overlap``: ``rollout.overlap`` on the card (issue 59): ``rlx_train.py``'s ``0.5b-grpo-full-lag1`` and
+  ``-overlap``, the same lag-1 run (4 steps, ``--overlap-tokens`` new tokens) sequential and with the sampler process,
+  which reads the sampling copy through CUDA IPC. Each step's ``train/rollout_kl`` (the sampler's log-probs against
+  the trainer's) should agree between the two to the card's float noise: a sampler that read half-written weights
+  would show as a larger one. Also each one's step time, ``perf/generate_s`` and the trainer's ``perf/sample_wait_s``.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from pathlib import Path
 import rlx_train  # this script's folder
 from generate_mfu import PEAK_TFLOPS
 
-PARTS = ("decode", "update", "step", "step_before", "lora7b", "trl")
+PARTS = ("decode", "update", "step", "step_before", "lora7b", "trl", "overlap")
 MODES = ("before", "own", "own_compiled", "own_compiled_kept")
 TRAIN_RUNS = {"step": ("1.5b-grpo-full-fast", 64), "step_before": ("1.5b-grpo-full-eager", 64),
               "lora7b": ("7b-grpo-lora-fast", 32)}  # part -> (rlx_train.py's run, prompts)  # fmt: skip
@@ -208,6 +214,18 @@ def train_part(args, record: Record, deadline: float, part: str) -> None:
     record[name] = rlx_train.run_one(name, settings, {}, deadline)
 
 
+def overlap_part(args, record: Record, deadline: float) -> None:
+    """The same lag-1 run sequential, then with the sampler process (``rollout.overlap``); their ``train/rollout_kl``
+    step by step, side by side."""
+    settings = argparse.Namespace(**vars(args))
+    settings.prompts, settings.profile, settings.generate_rows = args.prompts or 64, "none", args.rows
+    settings.new_tokens, models, names = args.overlap_tokens, {}, ("0.5b-grpo-full-lag1", "0.5b-grpo-full-overlap")
+    for name in names:
+        record[name] = rlx_train.run_one(name, settings, models, deadline)
+    runs = [record.data[name].get("rollout_kl_each") or [] for name in names]
+    record["rollout_kl_by_step"] = [{"sequential": a, "overlap": b} for a, b in zip(*runs)]
+
+
 def trl_part(args, record: Record, deadline: float) -> None:
     """``vs_trl.py`` in a process of its own, its scratch under ``--work``; cut, its finished workers summarised."""
     scratch, out = Path(args.work) / "trl", Path(args.out) / "vs_trl.json"
@@ -241,7 +259,8 @@ def run_part(args) -> None:
     if args.part in TRAIN_RUNS:
         train_part(args, record, deadline, args.part)
     else:
-        {"decode": decode_part, "update": update_part, "trl": trl_part}[args.part](args, record, deadline)
+        parts = {"decode": decode_part, "update": update_part, "trl": trl_part, "overlap": overlap_part}
+        parts[args.part](args, record, deadline)
 
 
 def main() -> None:
@@ -267,6 +286,7 @@ def main() -> None:
     parser.add_argument("--precision", default="bf16-mixed")
     parser.add_argument("--trl-size", default="1.5b", help="vs_trl.py --sizes")
     parser.add_argument("--trl-tokens", type=int, default=256, help="vs_trl.py --new-tokens")
+    parser.add_argument("--overlap-tokens", type=int, default=256, help="the overlap part's rollout.max_new_tokens")
     parser.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # a part's own process
     args = parser.parse_args()
     if args.part:

@@ -71,6 +71,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "rollout.dtype": (str, ("fp32", "bf16")),
     "rollout.overlap": (bool, (True, False)),
     "rollout.threads": (int, 0, 1024),
+    "rollout.overlap_timeout": (float, 1.0, INF),
     "rollout.carry_surplus": (bool, (True, False)),
     "trainer.old_logp": (str, ("trainer", "sampler")),
     "critic.lr": (float, 1e-12, 1.0),

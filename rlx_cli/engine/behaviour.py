@@ -5,7 +5,9 @@ asynchronous trainer's stale samples; ``rollout.dtype=bf16`` samples from a bflo
 inference engine's precision gap. Either way a copy of the policy samples: before each step it takes the weights of
 the version the lag asks for, from the last k + 1 versions of the trainable parameters it keeps (the frozen ones
 never change). Those versions are part of a checkpoint, so a resumed run samples exactly as an uninterrupted one.
-With ``rollout.overlap`` the copy takes the next step's version a step early (``load(ahead=1)``), in shared memory.
+With ``rollout.overlap`` the copy takes the next step's version a step early (``load(ahead=1)``), in shared memory;
+on a GPU ``load`` returns once its copies are done, so the sampler process, which reads the copy through CUDA IPC on
+its own stream, never samples from half-written weights.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class Behaviour:
         self.lag = lag
         self.model = copy_in_dtype(policy, DTYPES[dtype])
         self.model.requires_grad_(False)
+        if getattr(self.model, "_require_grads_hook", None) is not None:  # activation checkpointing's, for backward:
+            self.model.disable_input_require_grads()  # the copy never trains, and rollout.overlap cannot pickle it
         self.versions: list[dict[str, Tensor]] = []  # oldest first; the newest is the policy at the last refresh
 
     def refresh(self, policy: nn.Module) -> nn.Module:
@@ -46,6 +50,7 @@ class Behaviour:
         with torch.no_grad():
             for name, weight in self.versions[index].items():
                 params[name].copy_(weight)
+        settle(self.model)
         return self.model
 
     def state(self) -> dict[str, Tensor]:
@@ -59,6 +64,14 @@ class Behaviour:
         for key, weight in tensors.items():
             index, name = key.split("/", 1)
             self.versions[int(index)][name] = weight
+
+
+def settle(model: nn.Module) -> None:
+    """Wait for the copies queued into ``model`` on a GPU (none on the CPU, where ``copy_`` is done on return): another
+    process reading its tensors through CUDA IPC sees none of this stream's pending work."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def trainable(model: nn.Module) -> dict[str, nn.Parameter]:

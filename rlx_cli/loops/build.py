@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,13 +69,31 @@ def components_of(cfg: DictConfig) -> dict[str, Component]:
     }
 
 
+def thread_counts(cfg: DictConfig, cores: int | None = None) -> tuple[int, int]:
+    """The torch threads of (the trainer, the sampler process of ``rollout.overlap``); 0: torch's default.
+
+    ``trainer.threads`` and ``rollout.threads`` as set; under ``rollout.overlap`` a 0 is what the other leaves of the
+    ``cores`` (default: those this process may run on), half each when both are 0, at least 1: two busy processes
+    that each took every core would share them, four threads on two cores (docs/benchmarks.md, overlap)."""
+    trainer, sampler = cfg.trainer.threads, cfg.rollout.get("threads", 0)
+    if not cfg.rollout.get("overlap") or (trainer and sampler):
+        return trainer, sampler
+    cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if not trainer and not sampler:
+        sampler = max(1, cores // 2)
+    if not trainer:
+        return max(1, cores - sampler), sampler
+    return trainer, max(1, cores - trainer)
+
+
 def build(cfg: DictConfig, progress) -> Parts:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own bars say what is happening
     hf_logging.set_verbosity_error()
-    if cfg.trainer.threads:
-        torch.set_num_threads(cfg.trainer.threads)
+    threads = thread_counts(cfg)[0]
+    if threads:
+        torch.set_num_threads(threads)
     task = build_task(cfg.task)
     for line in meaning_notes(cfg, task):
         progress.note(line)

@@ -21,9 +21,9 @@ from rlx_cli.loops.compute import Clock, count_sampled, count_trained
 from rlx_cli.loops.evaluation import evaluate
 from rlx_cli.loops.groups import sample_groups
 from rlx_cli.loops.guard import count_update
-from rlx_cli.loops.overlap import Ahead
+from rlx_cli.loops.overlap import SamplerProcess
 from rlx_cli.loops.signals import StopRequests
-from rlx_cli.loops.update import update_step, value_update
+from rlx_cli.loops.update import UpdateBatch, update_step, value_update
 from rlx_cli.sampling import credit
 
 
@@ -32,17 +32,24 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
 
     A fresh ``state`` (step 0) first pretrains the critic and evaluates; a resumed one goes on from its step.
     Called inside ``stop.deferred()``: a signal ends the step under way, writes a checkpoint and raises ``Stopped``.
+    With ``rollout.overlap`` the sampler process starts first, while step 0 evaluates, and stops however the run ends.
     """
+    with parts.engine.sampling():  # an engine of its own (vLLM) starts from the policy's weights, a resumed run's too
+        parts.sampler.sync(parts.models.policy)
+    with SamplerProcess(cfg, parts) if cfg.rollout.overlap else nullcontext() as sampler_process:
+        return rl_steps(cfg, parts, tracker, progress, stop, state, sampler_process)
+
+
+def rl_steps(
+    cfg, parts: Parts, tracker, progress, stop: StopRequests, state: TrainState, sampler_process: SamplerProcess | None
+) -> dict[str, float]:
+    """``train``'s steps; ``sampler_process`` samples them under ``rollout.overlap`` (None: this process does)."""
     models, comp, engine = parts.models, parts.components, parts.engine
     policy, critic = models.policy, models.critic
     rollout_cfg, trainer = cfg.rollout, cfg.trainer
-    agg_mode = comp["loss_agg"].hparams["mode"]
     kl, last = comp["kl"], state.metrics
     clock = Clock(state.compute)  # perf/samples, perf/tokens, perf/train_tokens, perf/wall_s
 
-    with engine.sampling():  # an engine of its own (vLLM) starts from the policy's weights, a resumed run's too
-        parts.sampler.sync(policy)
-    ahead = Ahead(cfg, parts) if rollout_cfg.overlap else None  # the sampler process starts while step 0 evaluates
     if state.step == 0:
         vp = cfg.value_pretrain
         if critic is not None and cfg.critic.init == "reward_model":
@@ -54,17 +61,17 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
         tracker.log_metrics(last, step=0)
         progress.note(f"step 0: {summary(last)}")
 
-    with progress.task("RL", total=trainer.steps - state.step) as advance, ahead or nullcontext():
+    with progress.task("RL", total=trainer.steps - state.step) as advance:
         for step in range(state.step + 1, trainer.steps + 1):
             started = time.perf_counter()
             # 1–2. sample prompts_per_step prompts x group_size responses and score them
             #      (N processes: each its share of the prompts, gathered into the whole batch; `own` its rows);
             #      rollout.overlap: sampled in the sampler process while the last step updated (loops/overlap.py)
-            if ahead is None:
+            if sampler_process is None:
                 behaviour = parts.behaviour.refresh(policy) if parts.behaviour else policy  # rollout.lag, .dtype
                 sampled = sample_groups(cfg, parts, step, behaviour, carried(cfg, state))
             else:
-                sampled = ahead.take(step, policy, state)
+                sampled = sampler_process.take(step, policy, state)  # its perf/generate_s: its sampling time
             batch, scores, group_index, sampling, own = distributed.gather_samples(
                 *sampled, models.tokenizer.pad_token_id
             )
@@ -83,6 +90,8 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             temperature, bypass = rollout_cfg.temperature, trainer.old_logp == "sampler"
             if bypass:
                 old_logp = own.sampler_logp
+                if old_logp is None:  # the update would measure its own instead: not what was asked for
+                    raise RuntimeError("trainer.old_logp=sampler, but the sampler returned no log-probs of its tokens")
             else:
                 old_logp = None if reuses_update_logp(cfg, kl) else engine.logp(own, temperature)
             ref_logp = engine.logp(own, temperature, reference=True) if measures_kl(kl, step, trainer.steps) else None
@@ -125,9 +134,8 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
             positive = scores > 0
             truncated = cut_short(batch, models.tokenizer.eos_token_id, rollout_cfg.max_new_tokens)
             learned = batch.without_rows(truncated) if shaping.wiring["overlong_filter"] else batch
-            update, seen_logp = update_step(
-                cfg, parts, state, step, learned, old_logp, ref_logp, advantages, positive, values, returns, agg_mode
-            )
+            inputs = UpdateBatch(learned, advantages, positive, old_logp, ref_logp, values, returns)
+            update, seen_logp = update_step(cfg, parts, state, step, inputs)
             if old_logp is None:  # the update's own forward measured them
                 old_logp = distributed.sum_rows(seen_logp)
             sampler_logp = None if bypass else batch.sampler_logp  # bypass: the old log-probs are the sampler's
@@ -148,7 +156,8 @@ def train(cfg: DictConfig, parts: Parts, tracker, progress, stop: StopRequests, 
                 "train/skipped_steps": float(state.skipped),
                 "train/skipped_consecutive": float(state.skipped_in_a_row),
                 "perf/step_s": finished - started,
-                "perf/generate_s": generated - started,
+                # steps 1–2: sampling, or with rollout.overlap the wait for the sampler process (its time: sampling)
+                "perf/sample_wait_s" if sampler_process else "perf/generate_s": generated - started,
                 "perf/logprobs_s": forwarded - generated,  # old and reference log-probs, values
                 "perf/update_s": updated - forwarded,  # advantages, then the minibatch epochs
                 "perf/sync_s": finished - updated,
@@ -224,7 +233,7 @@ def gpu_memory(device: torch.device) -> dict[str, float]:
 def logp_metrics(old_logp, ref_logp, sampler_logp, mask) -> dict[str, float]:
     """``train/kl`` (k3 estimate to the reference; none on a step without ``ref_logp``) and, when the sampler gave
     its own log-probs (sampled answers), how far it is from the trainer: ``train/rollout_kl`` (mean k3 estimate of
-    KL(sampler ‖ trainer) on the sampled tokens), ``train/rollout_logp_diff_max`` and ``rollout/logp_gap`` (the
+    KL(sampler ‖ trainer) on the sampled tokens), ``train/sampler_logp_gap_max`` and ``train/sampler_logp_gap`` (the
     largest and the mean |sampler log-prob − trainer log-prob|). Tensors ``[B, T]``, over ``mask``'s tokens."""
     metrics = {}
     if ref_logp is not None:
@@ -232,8 +241,8 @@ def logp_metrics(old_logp, ref_logp, sampler_logp, mask) -> dict[str, float]:
     if sampler_logp is not None:
         gap = torch.where(mask.bool(), (old_logp - sampler_logp).abs(), 0.0)
         metrics["train/rollout_kl"] = float(masked_mean(kl_estimate(sampler_logp, old_logp, kind="k3"), mask))
-        metrics["train/rollout_logp_diff_max"] = float(gap.max()) if gap.numel() else 0.0
-        metrics["rollout/logp_gap"] = float(masked_mean(gap, mask))
+        metrics["train/sampler_logp_gap_max"] = float(gap.max()) if gap.numel() else 0.0
+        metrics["train/sampler_logp_gap"] = float(masked_mean(gap, mask))
     return metrics
 
 

@@ -44,14 +44,14 @@ class Term:
 def policy_gradient(comp: dict, t: dict, shares: Shares, agg_mode: str) -> tuple[Tensor, dict[str, float]]:
     """The policy loss on the token filter's selection (from the current policy's ``entropy`` or the sampling
     policy's ``old_logp``), its per-token term times the rollout correction's weights (π_old / π_sampler, from
-    ``old_logp`` and the sampler's own ``rollout_logp``). The filter's ``normalizer`` wiring key divides by the
+    ``old_logp`` and the sampler's own ``sampler_logp``). The filter's ``normalizer`` wiring key divides by the
     selected tokens (``selected``) or by every real token (``all``, exact for every mode but
     ``seq_mean_token_mean``, which validation refuses). Metrics: ``train/pg_loss``, the loss's own,
     ``train/rollout_is_*`` and the filter's selection."""
     pl, token_filter = comp["policy_loss"], comp["token_filter"]
     real = t["mask"]
     selected = token_filter({"entropy": t["entropy"].detach(), "mask": real, "old_logp": t["old_logp"]})
-    correction = {"old_logp": t["old_logp"], "rollout_logp": t.get("rollout_logp"), "mask": real}
+    correction = {"old_logp": t["old_logp"], "sampler_logp": t.get("sampler_logp"), "mask": real}
     weights, is_metrics = comp["rollout_correction"](correction)  # None: no correction
     pg_loss, pg_metrics = pl({**t, "mask": selected}, agg=agg_mode, weights=weights)
     if token_filter.wiring["normalizer"] == "all":

@@ -6,19 +6,28 @@ whose tensors are in shared memory (``share_memory_()``), asks the sampler proce
 it samples. The sampler draws what the sequential loop would: the same prompts (a function of the seed, the step and
 the draw), the same random stream (``distributed.sampling_stream``), the same weights, and DAPO's carried groups with
 each request; the batch comes back through shared memory (torch.multiprocessing's queues). So a run with overlap is
-the run without it, metric for metric, when the sampler computes with as many threads as the trainer
-(``rollout.threads``; other counts sum floats in another order).
+the run without it, metric for metric, when the sampler computes with as many threads as the sequential run sampled
+with (other counts may sum floats in another order). By default the two processes split the cores between them
+(``build.thread_counts``): two busy processes that each took every core would fight over them.
 
-The sampler process ignores Ctrl-C and SIGTERM (the trainer ends its step, checkpoints and stops it) and ends when the
-trainer asks or dies; an error in it, or its death, fails the run (FAILED, with the error) instead of a wait.
+The sampler process ignores Ctrl-C and SIGTERM from its start (the trainer ends its step, checkpoints and stops it),
+ends when the trainer asks, and is killed by the kernel the moment the trainer dies (Linux; elsewhere after its batch).
+An error in it, its death, or a silence of ``rollout.overlap_timeout`` seconds fails the run (FAILED, with the error).
+Its metrics: ``perf/generate_s`` is its own sampling time; the loop logs the trainer's wait as ``perf/sample_wait_s``.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import pickle
 import queue
 import signal
+import sys
+import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -26,18 +35,18 @@ import torch.multiprocessing as mp
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from rlx_cli.config.choices import resolve_precision
 from rlx_cli.engine.allocator import map_large_allocations
 from rlx_cli.engine.engine import Engine
 from rlx_cli.engine.models import Models
-from rlx_cli.engine.precision import frozen_dtype
-from rlx_cli.loops.build import Parts, build_task, components_of
+from rlx_cli.loops.build import Parts, build_task, components_of, thread_counts
 from rlx_cli.loops.checkpoint import TrainState
 from rlx_cli.loops.groups import Groups, sample_groups
-from rlx_cli.sampling.judge import judged
+from rlx_cli.sampling.judge import Judge, JudgedTask
 
 LIVENESS_S = 1.0  # how often a waiting side checks that the other is still alive
 ERRORS = "train/reward_errors"
+STOPS = {signal.SIGINT, signal.SIGTERM}  # the trainer's to handle: it stops the sampler process itself
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class SamplerFailed(RuntimeError):
@@ -47,30 +56,36 @@ class SamplerFailed(RuntimeError):
 @dataclass
 class Setup:
     """What the sampler process is started with: the resolved config, the sampling copy (shared memory), the sampler
-    (with its tokenizer), the autocast dtype and the judge's dtype."""
+    (with its tokenizer), the autocast dtype, the trainer's judge (``task.verifier=judge``; None without) and the
+    trainer's process id."""
 
     config: dict
     model: nn.Module
     sampler: object
     compute_dtype: torch.dtype | None
-    judge_dtype: torch.dtype
+    judge: Judge | None
+    trainer: int
 
 
-class Ahead:
-    """The sampler process and the step it is sampling; ``take`` is the loop's steps 1–2."""
+class SamplerProcess:
+    """The sampler process and the step it is sampling; ``take`` is the loop's steps 1–2. A context manager, entered
+    where the process starts: leaving it stops the process, whatever ended the run."""
 
     def __init__(self, cfg: DictConfig, parts: Parts):
         self.cfg, self.parts, self.behaviour = cfg, parts, parts.behaviour
-        judge_dtype = frozen_dtype(resolve_precision(cfg.trainer.precision, parts.models.device), "auto")
         self.behaviour.model.share_memory()  # the trainer writes each version in, the sampler reads it
+        judge = parts.task.judge if isinstance(parts.task, JudgedTask) else None
+        if judge is not None:
+            judge.model.share_memory()  # one judge model for both processes, built once (loops/build.py)
         context = mp.get_context("spawn")  # a fresh interpreter: no copy of the trainer's threads or locks
         self.requests, self.results = context.Queue(), context.Queue()
         config = OmegaConf.to_container(cfg, resolve=True)
-        setup = Setup(config, self.behaviour.model, parts.sampler, parts.models.compute_dtype, judge_dtype)
+        setup = Setup(config, self.behaviour.model, parts.sampler, parts.models.compute_dtype, judge, os.getpid())
         self.process = context.Process(
             target=serve, args=(setup, self.requests, self.results), name="rlx-sampler", daemon=True
-        )  # a daemon: ended with the trainer, whatever stops it
-        self.process.start()
+        )  # a daemon: ended at the trainer's exit too
+        with held(STOPS):  # a Ctrl-C to the process group while it imports waits for serve, which ignores it
+            self.process.start()
         self.pending: int | None = None
 
     def take(self, step: int, policy: nn.Module, state: TrainState):
@@ -96,20 +111,7 @@ class Ahead:
 
     def wait(self, step: int):
         """The answer to the request for ``step``: (the sampled tuple, the carried groups)."""
-        while True:
-            try:
-                kind, payload = self.results.get(timeout=LIVENESS_S)
-                break
-            except queue.Empty:
-                cut = None
-            except (EOFError, OSError, RuntimeError, pickle.UnpicklingError) as error:  # a batch cut off mid-way
-                cut = error
-                self.process.join(timeout=5.0)  # by the sampler's death: its pipe or shared memory gone
-            if not self.process.is_alive():
-                code = self.process.exitcode
-                raise SamplerFailed(f"the sampler process (rollout.overlap) died at step {step}, exit code {code}")
-            if cut is not None:
-                raise cut
+        kind, payload = answer(self.results, self.process, step, self.cfg.rollout.overlap_timeout)
         if kind == "error":
             raise SamplerFailed(f"the sampler process (rollout.overlap) failed at step {step}:\n{payload}")
         self.pending = None
@@ -125,24 +127,74 @@ class Ahead:
             self.process.kill()
         self.process.join()
 
-    def __enter__(self) -> Ahead:
+    def __enter__(self) -> SamplerProcess:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
 
+def answer(results, process, step: int, timeout: float):
+    """The sampler ``process``'s next message on ``results``, (kind, payload), waiting at most ``timeout`` seconds
+    -> SamplerFailed when it dies first or stays silent that long while alive."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return results.get(timeout=max(0.0, min(LIVENESS_S, deadline - time.monotonic())))
+        except queue.Empty:
+            cut = None
+        except (EOFError, OSError, RuntimeError, pickle.UnpicklingError) as error:  # a batch cut off mid-way
+            cut = error
+            process.join(timeout=5.0)  # by the sampler's death: its pipe or shared memory gone
+        if not process.is_alive():
+            code = process.exitcode
+            raise SamplerFailed(f"the sampler process (rollout.overlap) died at step {step}, exit code {code}")
+        if cut is not None:
+            raise cut
+        if time.monotonic() >= deadline:
+            raise SamplerFailed(
+                f"the sampler process (rollout.overlap) sent nothing for {timeout:g} s at step {step}, alive but "
+                f"silent (rollout.overlap_timeout={timeout:g}; set it higher where a step samples for longer)"
+            )
+
+
+@contextmanager
+def held(signals: set[signal.Signals]) -> Iterator[None]:
+    """``signals`` held back in this thread, and in a process it starts meanwhile, which inherits the mask until it
+    unblocks them (as multiprocessing's resource tracker is started); here they are delivered on the way out."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def end_with(trainer: int) -> None:
+    """Have the kernel kill this process when the ``trainer`` that started it ends (Linux's ``PR_SET_PDEATHSIG``):
+    an orphaned sampler stops at once, not after its batch. Elsewhere the liveness checks of ``serve`` end it."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if os.getppid() != trainer:  # the trainer died before the request: no signal will come
+        os._exit(0)
+
+
 def serve(setup: Setup, requests, results) -> None:
     """The sampler process: answer each request (step, carried groups) with that step's sampled groups until the
-    trainer sends None or is gone."""
+    trainer sends None or is gone. Any failure, its set-up's included, goes back as ("error", its traceback)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the trainer stops after its step and then ends this process
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    map_large_allocations()  # as the trainer (loops/run.py): sampling's [rows, vocabulary] tensors leave no heap behind
-    cfg = OmegaConf.create(setup.config)
-    threads = cfg.rollout.threads or cfg.trainer.threads
-    if threads:
-        torch.set_num_threads(threads)
-    parts = sampler_parts(cfg, setup)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOPS)  # held since the trainer started it (``held``): now ignored
+    end_with(setup.trainer)
+    try:
+        map_large_allocations()  # as the trainer (loops/run.py): sampling's [rows, vocabulary] tensors leave no heap
+        cfg = OmegaConf.create(setup.config)
+        threads = thread_counts(cfg)[1]
+        if threads:
+            torch.set_num_threads(threads)
+        parts = sampler_parts(cfg, setup)
+    except Exception:  # noqa: BLE001 - any failure here fails the run, with its traceback
+        results.put(("error", traceback.format_exc()))
+        return
     parent = mp.parent_process()
     while True:
         try:
@@ -155,20 +207,24 @@ def serve(setup: Setup, requests, results) -> None:
         if request is None:
             return
         step, carried = request
+        started = time.perf_counter()
         try:
             parts.task.reward_errors = 0  # this step's count: the trainer keeps the run's
             sampled = sample_groups(cfg, parts, step, parts.models.policy, carried)
         except Exception:  # noqa: BLE001 - any failure here fails the run, with its traceback
             results.put(("error", traceback.format_exc()))
             return
+        sampled[3]["perf/generate_s"] = time.perf_counter() - started  # its sampling, beside the trainer's update
         results.put(("batch", (sampled, carried)))
 
 
 def sampler_parts(cfg: DictConfig, setup: Setup) -> Parts:
-    """The sampler process's Parts: the sampling copy as its policy, the task, the sampler; nothing that trains."""
+    """The sampler process's Parts: the sampling copy as its policy, the task (scored by the trainer's judge, if any),
+    the sampler; nothing that trains."""
     model = setup.model
-    device = next(model.parameters()).device
-    task = judged(build_task(cfg.task), cfg.task, device, setup.judge_dtype)
+    task = build_task(cfg.task)
+    if setup.judge is not None:
+        task = JudgedTask(task, setup.judge)
     tokenizer = setup.sampler.tokenizer
     models = Models(model, tokenizer, None, None, None, None, setup.compute_dtype)
     engine = Engine(models, micro_batch_tokens=cfg.trainer.micro_batch_tokens, strategy="ddp")

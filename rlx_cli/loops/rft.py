@@ -35,7 +35,7 @@ from rlx_cli.loops.compute import Clock, count_sampled
 from rlx_cli.loops.evaluation import evaluate
 from rlx_cli.loops.loop import end_step, log_step, sample_groups, summary
 from rlx_cli.loops.signals import StopRequests
-from rlx_cli.loops.update import update_step
+from rlx_cli.loops.update import UpdateBatch, update_step
 
 SAMPLES = "rft_samples"
 TENSORS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
@@ -80,9 +80,8 @@ def supervised_update(cfg, parts: Parts, state: TrainState, step: int, batch: Ro
     in_loss = kl.wiring["placement"] == "loss" and kl.wiring["coef"] > 0
     ref_logp = parts.engine.logp(batch, cfg.rollout.temperature, reference=True) if in_loss else None
     positive = torch.ones(mask.shape[0], dtype=torch.bool, device=mask.device)
-    agg_mode = parts.components["loss_agg"].hparams["mode"]
-    zeros = torch.zeros_like(mask)
-    metrics, _ = update_step(cfg, parts, state, step, batch, None, ref_logp, zeros, positive, None, None, agg_mode)
+    inputs = UpdateBatch(batch, torch.zeros_like(mask), positive, ref_logp=ref_logp)
+    metrics, _ = update_step(cfg, parts, state, step, inputs)
     return metrics
 
 

@@ -23,8 +23,10 @@ backward on those rows (``perf/train_tokens`` counts the rows that ran a backwar
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from components import advantage as adv_lib
 from components.lm_loss import positive_token_count
@@ -39,31 +41,34 @@ from rlx_cli.loops.guard import count_update, guarded_step, nan_injected
 from rlx_cli.loops.objective import Shares, forward_only_rows, micro_objective, share
 
 
+@dataclass(frozen=True)
+class UpdateBatch:
+    """Step 7's input: B rows and what steps 3–6 computed for them."""
+
+    batch: Rollout  # the rows that learn (DAPO's overlong filter: cut answers keep their place, no token)
+    advantages: Tensor  # [B, T]
+    positive: Tensor  # [B] bool: the LM loss's rows
+    old_logp: Tensor | None = None  # [B, T]; None: one update on the whole batch, its own detached log-probs
+    ref_logp: Tensor | None = None  # [B, T]; None on a step without the reference forward
+    old_values: Tensor | None = None  # [B, T] the critic's before the update; None without a critic
+    returns: Tensor | None = None  # [B, T] the critic's targets
+
+
 def update_step(
-    cfg,
-    parts: Parts,
-    state: TrainState,
-    step: int,
-    batch: Rollout,
-    old_logp,
-    ref_logp,
-    advantages,
-    positive,
-    old_values,
-    returns,
-    agg_mode: str,
+    cfg, parts: Parts, state: TrainState, step: int, inputs: UpdateBatch
 ) -> tuple[dict[str, float], torch.Tensor | None]:
     """``trainer.epochs`` passes of ``trainer.minibatches`` updates -> (mean train/* metrics, sampled log-probs).
 
-    ``old_logp`` None: a single update on the whole batch, whose own detached log-probs are the old ones; they
+    ``inputs.old_logp`` None: a single update on the whole batch, whose own detached log-probs are the old ones; they
     are returned, ``[B, T]`` with this process's rows filled (``distributed.sum_rows`` completes them), for the
     metrics the caller takes from old log-probs (``loop.logp_metrics``). Otherwise the second value is None.
     """
+    batch, old_logp, agg_mode = inputs.batch, inputs.old_logp, parts.components["loss_agg"].hparams["mode"]
     critic = parts.models.critic
     totals: dict[str, float] = {}
     count = 0
     seen = torch.zeros_like(batch.response_mask) if old_logp is None else None
-    forward_only = forward_only_rows(cfg, parts.components, advantages, batch.response_mask)
+    forward_only = forward_only_rows(cfg, parts.components, inputs.advantages, batch.response_mask)
     trained = batch.tokens() if forward_only is None else float(batch.response_mask[~forward_only].sum())
     count_trained(state.compute, cfg.trainer.epochs * trained)  # every process holds the whole batch
     for _ in range(cfg.trainer.epochs):
@@ -71,9 +76,9 @@ def update_step(
             minibatch = batch.select(rows)
             tensors = {
                 "old_logp": None if old_logp is None else old_logp[rows],
-                "advantages": advantages[rows],
-                "ref_logp": None if ref_logp is None else ref_logp[rows],
-                "positive": positive[rows],
+                "advantages": inputs.advantages[rows],
+                "ref_logp": None if inputs.ref_logp is None else inputs.ref_logp[rows],
+                "positive": inputs.positive[rows],
             }
             only = None if forward_only is None else forward_only[rows]
             metrics, stepped, logp = policy_update(cfg, parts, step, minibatch, tensors, agg_mode, only)
@@ -81,7 +86,7 @@ def update_step(
                 seen[rows] = logp
             if critic is not None:
                 value_metrics, value_stepped = value_update(
-                    cfg, parts, minibatch, old_values[rows], returns[rows], agg_mode
+                    cfg, parts, minibatch, inputs.old_values[rows], inputs.returns[rows], agg_mode
                 )
                 metrics.update(value_metrics)
                 stepped = stepped and value_stepped
@@ -107,7 +112,7 @@ def policy_update(cfg, parts: Parts, step: int, minibatch: Rollout, tensors: dic
             logp, entropy = parts.models.scorer(mb.batch, cfg.rollout.temperature, with_entropy=True)
             real = mb.batch.response_mask
             t = {name: cut(x, mb) for name, x in tensors.items()}
-            t.update(logp=logp, entropy=entropy, mask=real, rollout_logp=mb.batch.sampler_logp)
+            t.update(logp=logp, entropy=entropy, mask=real, sampler_logp=mb.batch.sampler_logp)
             t["old_logp"] = logp.detach() if t["old_logp"] is None else t["old_logp"]
             shares = Shares(
                 loss=share(denominator(real, mode=agg_mode), normaliser, mb.padding),
