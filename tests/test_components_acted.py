@@ -72,3 +72,30 @@ def test_groups_with_a_positive_answer_and_prompts_an_update_sees():
     assert acted.distinct_prompts(groups, minibatches) == 2.0
     assert acted.distinct_prompts(torch.arange(6), minibatches) == 3.0  # one answer a prompt: every row its own
     assert not math.isnan(acted.distinct_prompts(groups, []))
+
+
+@pytest.mark.parametrize(("mode", "quarter"), [("token_mean", 0.4), ("seq_mean_token_mean", 0.25)])
+def test_a_steps_acted_metrics_from_its_tensors(mode, quarter):
+    """loops/loop.acted_metrics on a 4-row step, each figure by hand: lengths 3, 2, 1, 4 (token_mean weights 0.3,
+    0.2, 0.1, 0.4; the longest quarter is the 4-token row); λ 0.9 .. 0.99; one of two groups has a positive answer;
+    the first-token values 0.5, 0.2, 0.1, 0.3 against Monte-Carlo returns 1, 0, 0, 0: bias
+    (−0.5 + 0.2 + 0.1 + 0.3) / 4."""
+    from types import SimpleNamespace
+
+    from components.advantage import token_rewards
+    from rlx_cli.loops.loop import acted_metrics
+
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], dtype=torch.float32)
+    scores = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    values = torch.tensor([[0.5, 0.7, 0.9, 0.0], [0.2, 0.1, 0.0, 0.0], [0.1, 0.0, 0.0, 0.0], [0.3, 0.3, 0.2, 0.1]])
+    t = {"mask": mask, "scores": scores, "group_index": torch.tensor([0, 0, 1, 1]), "values": values,
+         "token_rewards": token_rewards(scores, mask, None)}  # fmt: skip
+    comp = {"loss_agg": SimpleNamespace(hparams={"mode": mode})}
+    metrics = acted_metrics(comp, t, torch.tensor([0.9, 0.95, 0.99, 0.97]))
+    assert metrics["train/policy_lam_min"] == pytest.approx(0.9) and metrics["train/policy_lam_max"] == pytest.approx(
+        0.99
+    )
+    assert metrics["train/groups_with_positive"] == 0.5
+    assert metrics["train/long_quarter_weight"] == pytest.approx(quarter, abs=1e-6)
+    assert metrics["train/critic_first_token_bias"] == pytest.approx(0.025, abs=1e-6)
+    assert "train/critic_first_token_bias" not in acted_metrics(comp, {**t, "values": None}, torch.tensor(0.95))

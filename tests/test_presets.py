@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 
 import pytest
 from conftest import SHORT, undocumented_metrics
@@ -119,6 +120,12 @@ def test_every_preset_trains_three_steps(workdir, monkeypatch, algo):
     assert 0.0 <= final["eval/accuracy"] <= 1.0 and final["train/response_len"] > 0
     assert (workdir / "out" / "final").is_dir()
     assert not undocumented_metrics(sorted(logged | set(final))), "metrics missing from docs/metrics.md"
+    if algo == "vapo":  # each ingredient's "did it act" figure (docs/metrics.md), in its range
+        assert 0 <= final["train/nll_share"] < 1 and 0 <= final["train/groups_with_positive"] <= 1
+        assert (final["train/nll_share"] > 0) == (final["train/groups_with_positive"] > 0)  # on where a row scored
+        assert final["train/policy_lam_min"] < final["train/policy_lam_max"] <= 1  # length-adaptive: λ per row
+        assert 0 < final["train/long_quarter_weight"] < 1 and final["train/prompts_per_update"] <= 4
+        assert math.isfinite(final["train/critic_first_token_bias"]) and "train/clip_higher_share" in final
     if algo == "ppo":  # the check saw the critic fits' metrics, logged before the first step and not in `final`
         assert {"reward_fit/value_loss", "value_pretrain/value_loss"} <= logged - set(final)
 

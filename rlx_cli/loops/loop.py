@@ -9,8 +9,10 @@ from dataclasses import dataclass, replace
 import torch
 from omegaconf import DictConfig
 
+from components import acted
 from components import advantage as adv_lib
 from components.kl import estimate as kl_estimate
+from components.loss_agg import row_weights
 from components.masked import last_real, masked_mean
 from rlx_cli.engine import distributed
 from rlx_cli.engine.batch import Rollout
@@ -134,7 +136,7 @@ def rl_steps(
             positive = scores > 0
             truncated = cut_short(batch, models.tokenizer.eos_token_id, rollout_cfg.max_new_tokens)
             learned = batch.without_rows(truncated) if shaping.wiring["overlong_filter"] else batch
-            inputs = UpdateBatch(learned, advantages, positive, old_logp, ref_logp, values, returns)
+            inputs = UpdateBatch(learned, advantages, positive, old_logp, ref_logp, values, returns, group_index)
             update, seen_logp = update_step(cfg, parts, state, step, inputs)
             if old_logp is None:  # the update's own forward measured them
                 old_logp = distributed.sum_rows(seen_logp)
@@ -163,6 +165,7 @@ def rl_steps(
                 "perf/sync_s": finished - updated,
                 "perf/seq_tokens": float(batch.attention_mask.sum()),  # prompt and response tokens of the batch
                 "perf/tokens_per_s": lengths.sum().item() / (finished - started),
+                **acted_metrics(comp, tensors, policy_lam),
                 **credit.step_metrics(batch),
                 **sampling,
                 **update,
@@ -203,6 +206,27 @@ def end_step(cfg, parts: Parts, tracker, stop: StopRequests, state: TrainState, 
             f"checkpoint {saved} after step {step}; go on with trainer.resume=true "
             f"trainer.output_dir={trainer.output_dir}"
         )
+
+
+def acted_metrics(comp: dict, t: dict, policy_lam) -> dict[str, float]:
+    """Did VAPO's ingredients act on this step (docs/metrics.md, "Did it act")? From step 6's tensors ``t``
+    (``token_rewards``, ``values`` (None without a critic), ``mask`` [B, T], ``scores``, ``group_index`` [B]) and
+    the per-row λ: ``train/policy_lam_min``/``_max``, ``train/groups_with_positive``, ``train/long_quarter_weight``
+    (the loss weight of the longest quarter under ``loss_agg``) and, with a critic, ``train/critic_first_token_bias``
+    (its value at the first response token, before its update, minus the Monte-Carlo return)."""
+    mask, values = t["mask"], t["values"]
+    low, high = acted.lam_range(policy_lam)
+    weights = row_weights(mask, mode=comp["loss_agg"].hparams["mode"])
+    metrics = {
+        "train/policy_lam_min": low,
+        "train/policy_lam_max": high,
+        "train/groups_with_positive": float(acted.groups_with_positive(t["scores"], t["group_index"])),
+        "train/long_quarter_weight": float(acted.longest_quarter_share(weights, mask.sum(1))),
+    }
+    if values is not None:
+        _, monte_carlo = adv_lib.gae(t["token_rewards"], values, mask, gamma=1.0, lam=1.0)
+        metrics["train/critic_first_token_bias"] = float(acted.first_token_bias(values, monte_carlo, mask))
+    return metrics
 
 
 def kl_in_reward(kl) -> bool:

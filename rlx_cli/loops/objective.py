@@ -109,11 +109,12 @@ def has_lm_loss(cfg, comp: dict) -> bool:
     return comp["lm_loss"].wiring["coef"] > 0
 
 
+LM_LOSS = "LM loss"  # did positive-example NLL act? its share of the objective (train/nll_share)
 TERMS: list[Term] = [
     Term("policy gradient", always, advantage_weighted_gradient, policy_gradient),
     Term("entropy bonus", has_entropy_bonus, never, entropy_bonus),
     Term("KL in the loss", has_kl_in_loss, never, kl_penalty),
-    Term("LM loss", has_lm_loss, never, lm_term),
+    Term(LM_LOSS, has_lm_loss, never, lm_term),
 ]
 
 
@@ -124,13 +125,16 @@ def active_terms(cfg, comp: dict) -> list[Term]:
 def micro_objective(cfg, comp: dict, t: dict, shares: Shares, agg_mode: str) -> tuple[Tensor, dict[str, float]]:
     """The policy's objective on one micro-batch, weighted by its ``shares`` of the minibatch's (``t``: its
     ``[b, t]`` tensors by name, the current policy's ``entropy`` among them) -> (the sum of the terms that are on,
-    their metrics and ``train/entropy``)."""
+    their metrics, ``train/entropy`` and ``train/nll_share``: |the LM loss term| / Σ |terms|, 0 without it)."""
     metrics = {"train/entropy": aggregate(t["entropy"], t["mask"], mode=agg_mode).item()}
-    total = None
+    total, sizes = None, {}
     for term in active_terms(cfg, comp):
         value, term_metrics = term.value(comp, t, shares, agg_mode)
         total = value if total is None else total + value
+        sizes[term.name] = value.detach().abs()
         metrics.update(term_metrics)
+    whole = float(sum(sizes.values())) if LM_LOSS in sizes else 0.0  # one device sync, and none without the term
+    metrics["train/nll_share"] = share(sizes[LM_LOSS], whole, False) if whole else 0.0
     return total, metrics
 
 

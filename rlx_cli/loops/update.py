@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from components import acted
 from components import advantage as adv_lib
 from components.lm_loss import positive_token_count
 from components.loss_agg import denominator
@@ -52,6 +53,7 @@ class UpdateBatch:
     ref_logp: Tensor | None = None  # [B, T]; None on a step without the reference forward
     old_values: Tensor | None = None  # [B, T] the critic's before the update; None without a critic
     returns: Tensor | None = None  # [B, T] the critic's targets
+    group_index: Tensor | None = None  # [B] each row's prompt: train/prompts_per_update (None: not logged)
 
 
 def update_step(
@@ -91,6 +93,8 @@ def update_step(
                 metrics.update(value_metrics)
                 stepped = stepped and value_stepped
             count_update(state, stepped, cfg.trainer.max_skipped)
+            if inputs.group_index is not None:  # did group sampling act? the prompts this update sees (its rows)
+                metrics["train/prompts_per_update"] = acted.distinct_prompts(inputs.group_index, [rows])
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + v
             count += 1
