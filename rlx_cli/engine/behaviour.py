@@ -21,7 +21,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # rollout.dtype
 
 
 class Behaviour:
-    """A copy of ``policy`` in ``dtype`` that samples with the weights of ``lag`` updates ago."""
+    """A copy of ``policy`` in ``dtype`` that samples with the weights of ``lag`` steps ago (one version a step)."""
 
     def __init__(self, policy: nn.Module, *, lag: int, dtype: str):
         self.lag = lag
