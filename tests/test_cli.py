@@ -9,7 +9,7 @@ import json
 
 import pytest
 import yaml
-from conftest import SHORT, mlflow_runs, rlx
+from conftest import SHORT, mlflow_runs, rlx, rlx_together
 
 
 def test_help_lists_config_groups_and_choices(workdir):
@@ -81,19 +81,16 @@ def test_a_run_that_raises_is_marked_failed(workdir, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("finetune", "steps"), [("lora", 20), ("full", 40)])
-def test_the_default_learns(workdir, finetune, steps):
-    out = rlx(
-        "train",
-        f"model.finetune={finetune}",
-        f"trainer.steps={steps}",
-        "trainer.eval_every=0",
-        "tracking=none",
-        "trainer.output_dir=out",
-        cwd=workdir,
-    )
-    assert out.returncode == 0, out.stderr
-    lines = [line for line in out.stderr.splitlines() if line.startswith("step ")]
-    start = float(lines[0].split("eval/accuracy ")[1].split()[0])
-    final = json.loads((workdir / "out" / "metrics.json").read_text())["eval/accuracy"]
-    assert final - start >= 0.15, (start, final)
+def test_the_default_learns(workdir):
+    """LoRA in 20 steps and full fine-tuning in 40 gain at least 0.15 greedy accuracy on the default: the two runs
+    side by side, one thread each (the second core otherwise idle)."""
+    cases = {"lora": 20, "full": 40}
+    common = ["trainer.eval_every=0", "tracking=none", "trainer.threads=1"]
+    commands = [["train", f"model.finetune={f}", f"trainer.steps={s}", *common, f"trainer.output_dir={f}"]
+                for f, s in cases.items()]  # fmt: skip
+    for finetune, out in zip(cases, rlx_together(*commands, cwd=workdir), strict=True):
+        assert out.returncode == 0, out.stderr
+        lines = [line for line in out.stderr.splitlines() if line.startswith("step ")]
+        start = float(lines[0].split("eval/accuracy ")[1].split()[0])
+        final = json.loads((workdir / finetune / "metrics.json").read_text())["eval/accuracy"]
+        assert final - start >= 0.15, (finetune, start, final)

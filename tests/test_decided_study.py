@@ -48,12 +48,12 @@ def test_a_study_decided_look_by_look(workdir):
     assert said in ("inconclusive (at 3 seeds, the last look)", "better", "worse", "equivalent"), said
     assert "until decided: looks at 2, 3 seeds an arm, Pocock-type" in text
     assert "pairing by seed holds" in text and "runs spent: 10" in text and "decided at" in text
-    runs = mlflow_runs(workdir, "decided")
+    runs = trained(workdir)
     assert sorted(runs["tags.rlx.arm"]) == sorted(["grpo"] * 3 + ["fast"] * 3 + ["clip_higher"] * 2
                                                                   + ["noop"] * 2)  # fmt: skip
     # the same command again: judged from what FINISHED, nothing run twice
     again = rlx("sweep", "--plan", str(plan), "--jobs", "2", cwd=workdir)
-    assert again.returncode == 0 and "to run" not in again.stdout and len(mlflow_runs(workdir, "decided")) == 10
+    assert again.returncode == 0 and "to run" not in again.stdout and len(trained(workdir)) == 10
     status = rlx("status", "--study", "decided", cwd=workdir)
     assert "plan: until decided: looks at 2, 3" in status.stdout and "decided at look 1: identical" in status.stdout
     # what was declared judges the table: another margin is another study
@@ -62,3 +62,9 @@ def test_a_study_decided_look_by_look(workdir):
     assert changed.returncode == 2 and "was declared on" in changed.stderr and "margin = 0.02" in changed.stderr
     report = rlx("report", "--study", "decided", "--margin", "0.05", cwd=workdir)
     assert report.returncode == 2 and "was declared with margin 0.02, not 0.05" in report.stderr
+
+
+def trained(workdir):
+    """The study's training runs (not the run of the study itself, tag rlx.role=study)."""
+    runs = mlflow_runs(workdir, "decided")
+    return runs[runs["tags.rlx.role"] != "study"]
