@@ -38,12 +38,12 @@ def lam_range(lam: Tensor) -> tuple[float, float]:
     return float(values.min()), float(values.max())
 
 
-def first_token_bias(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
-    """Mean over rows with an answer of V(first response token) − its Monte-Carlo return (``values``, ``returns``
-    [B, T]; the return with λ = 1), before the critic's update: positive, the critic expects more than the answer
-    gets -> 0-d."""
+def first_token_bias(values: Tensor, token_rewards: Tensor, mask: Tensor) -> Tensor:
+    """Mean over rows with an answer of V(first response token) − its Monte-Carlo return (``values``,
+    ``token_rewards``, ``mask`` [B, T]; the return with γ = λ = 1 at the first token: the sum of the answer's token
+    rewards), before the critic's update: positive, the critic expects more than the answer gets -> 0-d."""
     rows = as_bool(mask[:, 0])
-    return masked_mean(values[:, 0] - returns[:, 0], rows)
+    return masked_mean(values[:, 0] - (token_rewards * mask).sum(-1), rows)
 
 
 def longest_quarter_share(row_weights: Tensor, lengths: Tensor) -> Tensor:

@@ -30,11 +30,12 @@ def test_lam_range_of_a_length_adaptive_row():
 
 
 def test_first_token_bias_against_the_monte_carlo_return():
-    # a critic that says 0.8 at the first token of answers whose returns are 0 and 1: bias +0.3 on average
+    # a critic that says 0.8 at the first token of answers whose returns are 0 and 0.4 + 0.6 = 1: bias +0.3 on
+    # average; the first row's padding token carries a reward that is no part of its return
     values = torch.tensor([[0.8, 0.5, 0.0], [0.8, 0.9, 0.0], [0.1, 0.0, 0.0]])
-    returns = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 0.0], [9.0, 0.0, 0.0]])
+    token_rewards = torch.tensor([[0.0, 0.0, 5.0], [0.0, 0.4, 0.6], [9.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]])  # the third row has no answer
-    assert float(acted.first_token_bias(values, returns, mask)) == pytest.approx(0.3)
+    assert float(acted.first_token_bias(values, token_rewards, mask)) == pytest.approx(0.3)
 
 
 @pytest.mark.parametrize("mode", MODES)

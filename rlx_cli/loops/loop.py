@@ -224,8 +224,7 @@ def acted_metrics(comp: dict, t: dict, policy_lam) -> dict[str, float]:
         "train/long_quarter_weight": float(acted.longest_quarter_share(weights, mask.sum(1))),
     }
     if values is not None:
-        _, monte_carlo = adv_lib.gae(t["token_rewards"], values, mask, gamma=1.0, lam=1.0)
-        metrics["train/critic_first_token_bias"] = float(acted.first_token_bias(values, monte_carlo, mask))
+        metrics["train/critic_first_token_bias"] = float(acted.first_token_bias(values, t["token_rewards"], mask))
     return metrics
 
 

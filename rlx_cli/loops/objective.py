@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from components import registry
@@ -133,8 +134,10 @@ def micro_objective(cfg, comp: dict, t: dict, shares: Shares, agg_mode: str) -> 
         total = value if total is None else total + value
         sizes[term.name] = value.detach().abs()
         metrics.update(term_metrics)
-    whole = float(sum(sizes.values())) if LM_LOSS in sizes else 0.0  # one device sync, and none without the term
-    metrics["train/nll_share"] = share(sizes[LM_LOSS], whole, False) if whole else 0.0
+    metrics["train/nll_share"] = 0.0
+    if LM_LOSS in sizes:  # one device sync; 0 / 0 (no positive row and a zero objective) counts as 0
+        whole = sum(sizes.values()).clamp(min=torch.finfo(sizes[LM_LOSS].dtype).tiny)
+        metrics["train/nll_share"] = float(sizes[LM_LOSS] / whole)
     return total, metrics
 
 

@@ -24,6 +24,11 @@ class Arm:
         return " ".join(map(quoted, self.tokens))
 
 
+def ablation_of(tokens) -> str:
+    """The ``+ablate=`` overlay among an arm's override ``tokens`` ("none" without one)."""
+    return next((t.split("=", 1)[1] for t in tokens if t.startswith("+ablate=")), "none")
+
+
 def group_arms(runs: list, failed: list = ()) -> list[Arm]:
     """Arms by overrides minus the seed, in the order they started; labels name what differs between them. A
     ``failed`` run joins its arm's ``failed`` where the arm has no FINISHED run of its seed (an arm all of whose

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rlx_cli.config.errors import UserError
 from rlx_cli.studies import acted, compute_axis, health, report_format, run_records, study_plan
-from rlx_cli.studies.arms import Arm, common_overrides, default_baseline, group_arms, only_arms, pick_arm
+from rlx_cli.studies.arms import Arm, ablation_of, common_overrides, default_baseline, group_arms, only_arms, pick_arm
 from rlx_cli.studies.run_records import RunRecord, reduced, se_metric
 from rlx_cli.studies.runs import connect, histories, load_failed, load_runs, only_seeds, seeds_of
 from rlx_cli.studies.study import STUDY_ROLE, override_tokens
@@ -120,8 +120,7 @@ def from_file(request) -> Read:
     arms = []
     for label in dict.fromkeys(r.arm for r in records):  # the arms in the file's order, which the table's was
         words = override_tokens(label.split(" #")[0])
-        ablate = next((w.split("=", 1)[1] for w in words if w.startswith("+ablate=")), "none")
-        arms.append(Arm(words[1:], words[0] if words else "?", ablate, label=label))
+        arms.append(Arm(words[1:], words[0] if words else "?", ablation_of(words), label=label))
     baseline = request.baseline or (plan.baseline if plan else None)
     named_base = None if baseline is None else pick_arm(arms, baseline, "--baseline")
     if request.arm_names:

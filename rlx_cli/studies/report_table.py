@@ -16,6 +16,7 @@ from dataclasses import replace
 import pandas as pd
 
 from rlx_cli.studies import acted, health, power, sequential, stats, study_plan
+from rlx_cli.studies.arms import ablation_of
 from rlx_cli.studies.comparison import NAN, Comparison, compare, mean, std
 from rlx_cli.studies.run_records import RunRecord, finished
 from rlx_cli.studies.stats import Judging
@@ -126,14 +127,9 @@ def add_verdicts(table: pd.DataFrame, comparisons: dict[str, Comparison], judgin
 def add_acted(table: pd.DataFrame, arms: list[tuple[str, str]], base: str, records: dict[str, list[RunRecord]]):
     """The ``acted`` column (``acted.py``) where an ablation's runs or the baseline's logged its figure, in place."""
     done = {label: [r.acted for r in records[label] if r.status == "FINISHED"] for label, _ in arms}
-    cells = [acted.cell(ablation_of(overrides), done[base], done[label]) for label, overrides in arms]
+    cells = [acted.cell(ablation_of(overrides.split()), done[base], done[label]) for label, overrides in arms]
     if any(cells):
         table.insert(table.columns.get_loc("overrides"), "acted", cells)
-
-
-def ablation_of(overrides: str) -> str:
-    """The ``+ablate=`` overlay in an arm's overrides ("" without one)."""
-    return next((w.split("=", 1)[1] for w in overrides.split() if w.startswith("+ablate=")), "")
 
 
 def seed_values(records: dict[str, list[RunRecord]]) -> dict[str, dict[int, float]]:
