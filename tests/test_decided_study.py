@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-from conftest import SHORT, mlflow_runs, rlx, table_rows
+from conftest import SHORT, mlflow_runs, rlx, rlx_here, table_rows
 
 pytestmark = pytest.mark.slow
 
@@ -52,15 +52,15 @@ def test_a_study_decided_look_by_look(workdir):
     assert sorted(runs["tags.rlx.arm"]) == sorted(["grpo"] * 3 + ["fast"] * 3 + ["clip_higher"] * 2
                                                                   + ["noop"] * 2)  # fmt: skip
     # the same command again: judged from what FINISHED, nothing run twice
-    again = rlx("sweep", "--plan", str(plan), "--jobs", "2", cwd=workdir)
+    again = rlx_here("sweep", "--plan", str(plan), "--jobs", "2", cwd=workdir)  # no worker to start: in this process
     assert again.returncode == 0 and "to run" not in again.stdout and len(trained(workdir)) == 10
-    status = rlx("status", "--study", "decided", cwd=workdir)
+    status = rlx_here("status", "--study", "decided", cwd=workdir)
     assert "plan: until decided: looks at 2, 3" in status.stdout and "decided at look 1: identical" in status.stdout
     # what was declared judges the table: another margin is another study
     plan.write_text(PLAN.format(common=" ".join(SHORT), margin=0.05))
-    changed = rlx("sweep", "--plan", str(plan), cwd=workdir)
+    changed = rlx_here("sweep", "--plan", str(plan), cwd=workdir)
     assert changed.returncode == 2 and "was declared on" in changed.stderr and "margin = 0.02" in changed.stderr
-    report = rlx("report", "--study", "decided", "--margin", "0.05", cwd=workdir)
+    report = rlx_here("report", "--study", "decided", "--margin", "0.05", cwd=workdir)
     assert report.returncode == 2 and "was declared with margin 0.02, not 0.05" in report.stderr
 
 

@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 import pytest
-from conftest import SHORT, mlflow_runs, rlx, table_rows
+from conftest import SHORT, mlflow_runs, rlx, rlx_here, table_rows
 
 from rlx_cli.config.errors import UserError
 from rlx_cli.studies import power
@@ -293,13 +293,13 @@ def test_sweep_then_report_acceptance_1(workdir):
     assert set(children["tags.mlflow.parentRunId"]) == {parent["run_id"].iloc[0]}
     assert set(children["tags.rlx.study"]) == {"acc1"} and parent["status"].iloc[0] == "FINISHED"
 
-    md = rlx("report", "--experiment", "rlx", cwd=workdir)
+    md = rlx_here("report", "--experiment", "rlx", cwd=workdir)
     assert md.returncode == 0, md.stderr
     rows = table_rows(md.stdout)
     assert [r[0] for r in rows] == ["grpo policy_loss.eps_high=0.2", "grpo policy_loss.eps_high=0.28"]
     assert [r[2] for r in rows] == ["2", "2"] and rows[0][3] == "baseline" and "±" in rows[1][1]
 
-    csv = rlx("report", "--experiment", "rlx", "--format", "csv", cwd=workdir)
+    csv = rlx_here("report", "--experiment", "rlx", "--format", "csv", cwd=workdir)
     table = pd.read_csv(io.StringIO(csv.stdout))
     for row, (mean, std) in zip(rows, table[["eval/accuracy_mean", "eval/accuracy_std"]].values):
         assert row[1].strip("*") == f"{mean:.3f} ± {std:.3f}"
@@ -307,13 +307,13 @@ def test_sweep_then_report_acceptance_1(workdir):
     assert table["eval/accuracy_mean"].tolist() == pytest.approx([by_arm["0.2"], by_arm["0.28"]])
     assert table["delta"].iloc[1] == pytest.approx(by_arm["0.28"] - by_arm["0.2"])
 
-    again = rlx("sweep", *args, "--jobs", "2", "--study", "acc1", cwd=workdir)
+    again = rlx_here("sweep", *args, "--jobs", "2", "--study", "acc1", cwd=workdir)  # nothing to start
     assert again.returncode == 0 and "0 finished, 0 failed, 4 skipped" in again.stdout, again.stdout
     assert len(mlflow_runs(workdir)) == 5
 
     # at equal samples, with ScaleRL's fit (train/reward: a point at every step, x = the samples drawn so far)
     fit = ("report", "--experiment", "rlx", "--x", "samples", "--fit", "sigmoid", "--metric", "train/reward")
-    out = rlx(*fit, "--out", "rep/fit.md", "--plots", "rep", cwd=workdir)
+    out = rlx_here(*fit, "--out", "rep/fit.md", "--plots", "rep", cwd=workdir)
     assert out.returncode == 0, out.stderr
     text = (workdir / "rep" / "fit.md").read_text()
     assert "C = samples" in text and "| grpo policy_loss.eps_high=0.28 |" in text and "ΔA vs" in text

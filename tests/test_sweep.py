@@ -61,6 +61,22 @@ def test_each_point_has_a_stable_folder_of_its_own():
     assert str(study.point_folder(given, "s")).startswith("runs/s/vapo+no_a+no_b-s1-")
 
 
+def test_a_seeds_point_is_its_own_composition_composed_once(monkeypatch):
+    """sweep.plan composes the points that differ by their seed alone once: each copy equals its own composition."""
+    from rlx_cli.config.compose import compose, flat, job_config
+
+    points = [["algo=vapo", "+ablate=no_token_loss", f"seed={s}"] for s in (0, 7)] + [["algo=grpo", "seed=3"]]
+    composed, calls = {}, []
+    monkeypatch.setattr(sweep, "compose", lambda o: calls.append(o) or compose(o))
+    for point in points:
+        assert flat(job_config(sweep.composed_once(point, composed))) == flat(job_config(compose(point)))
+    assert calls == [["algo=vapo", "+ablate=no_token_loss"], ["algo=grpo"]]
+    with pytest.raises(
+        UserError, match=r"^seed='x' has the wrong type \(valid: int\) \(in the point: algo=grpo seed=x\)$"
+    ):
+        sweep.plan([["algo=grpo", "seed=0"], ["algo=grpo", "seed=x"]])
+
+
 def test_workers_get_an_absolute_tracking_uri(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from datetime import datetime
 from importlib import resources
@@ -51,14 +52,27 @@ def _register_resolvers() -> None:
         OmegaConf.register_new_resolver(name, fn, replace=True)  # replaces Hydra's clock-reading ${now:}
 
 
+_COMPOSED: dict[tuple[str, ...], DictConfig] = {}  # overrides -> their config, composed once a process
+
+
 def compose(overrides: list[str]) -> DictConfig:
     """The resolved config for ``overrides``; ``cfg.hydra.runtime.choices`` names the choices made.
 
     ``+ablate=`` overlays are composed over the preset (``algo`` plus every other override) and may refer to
     its values as ``${preset:key}``; an overlay that changes nothing the preset uses is an error.
+
+    Composed once a process for the same overrides (``conf/`` reads no environment and ``${now:}`` is the process's
+    start), each call getting its own copy: planning a study composes each arm's preset and overlays again and again.
     """
+    key = tuple(overrides)
+    if key not in _COMPOSED:
+        _COMPOSED[key] = composed(overrides)
+    return copy.deepcopy(_COMPOSED[key])
+
+
+def composed(overrides: list[str]) -> DictConfig:
     ablated = [o for o in overrides if o.lstrip("+").startswith("ablate=")]
-    preset = _compose(overrides_without(ablated, overrides)) if ablated else None
+    preset = compose(overrides_without(ablated, overrides)) if ablated else None
     cfg = _compose(overrides, preset)
     if preset is not None:
         names = ablations(choices_of(cfg))
