@@ -7,7 +7,7 @@ import string
 import sys
 
 import pytest
-from conftest import REPO, mlflow_runs, rlx
+from conftest import REPO, mlflow_runs, rlx_in_one_process
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlx_cli.engine.base_model import char_tokenizer
@@ -116,23 +116,37 @@ def test_a_run_with_a_hanging_verifier_finishes(workdir, qwen_dir, bad_verifiers
     assert final["train/reward"] == 0.0 and final["train/reward_errors"] > 0
 
 
-@pytest.mark.parametrize(
-    ("content", "extra", "named"),
-    [
-        (None, [], "does not exist"),
-        ("", [], "has no rows"),
-        ('{"prompt": "1"', [], "cannot be read"),
-        ('{"prompt": "1", "answer": "1"}\n', ["task.answer_field=solution"], "no field 'solution'"),
-    ],
-)
-def test_bad_dataset_files_are_one_line_exit_2(workdir, qwen_dir, content, extra, named):
-    data = workdir / "data.jsonl"
-    if content is not None:
-        data.write_text(content)
-    out = rlx("train", "model=hf", f"model.path={qwen_dir}", "task=jsonl", f"task.path={data}", *extra, cwd=workdir)
+BAD_DATA = {  # name: (the file's text, None for no file; more overrides; what the one line names)
+    "missing": (None, [], "does not exist"),
+    "empty": ("", [], "has no rows"),
+    "torn": ('{"prompt": "1"', [], "cannot be read"),
+    "no-field": ('{"prompt": "1", "answer": "1"}\n', ["task.answer_field=solution"], "no field 'solution'"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_data_refused(tmp_path_factory, qwen_dir):
+    """Each ``BAD_DATA`` case as ``rlx train`` runs it, in a folder and store of its own, all in one process (they
+    are refused once torch is loaded): name -> (its folder, its store, its result)."""
+    cases, stores = {}, {}
+    for name, (content, extra, _) in BAD_DATA.items():
+        folder = tmp_path_factory.mktemp(name)
+        if content is not None:
+            (folder / "data.jsonl").write_text(content)
+        stores[name] = f"sqlite:///{folder / 'mlflow.db'}"
+        args = ["train", "model=hf", f"model.path={qwen_dir}", "task=jsonl", f"task.path={folder / 'data.jsonl'}"]
+        cases[name] = ([*args, *extra], folder, {"MLFLOW_TRACKING_URI": stores[name]})
+    done = rlx_in_one_process(cases, tmp_path_factory.mktemp("bad-data"))
+    return {name: (cases[name][1], stores[name], done[name]) for name in cases}
+
+
+@pytest.mark.parametrize("name", BAD_DATA)
+def test_bad_dataset_files_are_one_line_exit_2(bad_data_refused, monkeypatch, name):
+    folder, store, out = bad_data_refused[name]
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "task.path" in out.stderr and named in out.stderr
-    assert mlflow_runs(workdir).empty
+    assert "task.path" in out.stderr and BAD_DATA[name][2] in out.stderr
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store)
+    assert mlflow_runs(folder).empty
 
 
 def test_example_dataset_is_well_formed():
