@@ -62,4 +62,23 @@ def test_arms_with_equal_weights_sample_equal_evaluations(rollout, monkeypatch):
     assert torch.equal(drawn[2][0], blocks[1]) and torch.equal(drawn[3][0], blocks[2])
 
 
+def test_the_long_and_short_halves_split_the_held_out_prompts_by_length(monkeypatch):
+    """eval/*_long_half and *_short_half: the same answers' scores, averaged over each half of the 40 held-out prompts
+    cut by their length (characters), checked against a split by torch's stable sort."""
+    cfg, parts = parts_of("fast")
+    drawn = []
+    monkeypatch.setattr(evaluation, "scored", lambda *a: drawn.append(SCORED(*a)) or drawn[-1])
+    out = evaluation.evaluate(cfg, parts)
+    lengths = torch.tensor([len(p.prompt) for p in parts.task.eval_problems])
+    longer = torch.zeros(len(lengths), dtype=torch.bool)
+    longer[torch.sort(lengths, stable=True).indices[len(lengths) // 2 :]] = True
+    assert len(lengths) == 40 and lengths[longer].min() >= lengths[~longer].max() > lengths.min()
+    greedy, sampled = drawn[0][0].mean(1), torch.cat([scores for scores, _ in drawn[1:]]).mean(1)
+    for name, scores in (("accuracy", greedy), ("accuracy_sampled", sampled)):
+        assert out[f"eval/{name}_long_half"] == pytest.approx(scores[longer].mean().item(), abs=1e-12)
+        assert out[f"eval/{name}_short_half"] == pytest.approx(scores[~longer].mean().item(), abs=1e-12)
+        halves = (out[f"eval/{name}_long_half"] + out[f"eval/{name}_short_half"]) / 2
+        assert halves == pytest.approx(out[f"eval/{name}"], abs=1e-12)  # two halves of 20
+
+
 SCORED, ANSWERS = evaluation.scored, evaluation.answers

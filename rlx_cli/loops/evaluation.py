@@ -45,12 +45,23 @@ def evaluate(cfg, parts: Parts) -> dict[str, float]:
         for b, block in blocks:
             distributed.seed_evaluation(cfg.seed, b)
             sampled = torch.cat([sampled, scored(cfg, parts, block, cfg.rollout.temperature, n)[0]])
+    longer = longer_half([p.prompt for p in every])
+    in_longer = torch.tensor([b * EVAL_BLOCK + i in longer for b, block in blocks for i in range(len(block))])
     for name, scores in (("accuracy", greedy), ("accuracy_sampled", sampled)):
         out[f"eval/{name}"], out[f"eval/{name}_se"] = standard_error(scores.mean(1), total)
+        for half, rows, count in (("long", in_longer, len(longer)), ("short", ~in_longer, total - len(longer))):
+            out[f"eval/{name}_{half}_half"] = distributed.total(float(scores.mean(1)[rows].sum())) / max(count, 1)
     out["eval/response_len"] = distributed.total(tokens) / total
     right = (sampled >= 1).sum(1)  # [prompts]: the correct answers of each
     out |= {f"eval/pass_at_{k}": distributed.total(sum(pass_at_k(n, int(c), k) for c in right)) / total for k in ks}
     return out
+
+
+def longer_half(prompts: list[str]) -> set[int]:
+    """The positions of the longer half of ``prompts`` by characters (ties by position; the middle one of an odd
+    count goes to the shorter half): the held-out split behind ``eval/*_long_half`` and ``eval/*_short_half``."""
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    return set(order[(len(prompts) + 1) // 2 :])
 
 
 def scored(cfg, parts: Parts, problems: list, temperature: float, repeats: int) -> tuple[torch.Tensor, float]:
