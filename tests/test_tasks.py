@@ -82,6 +82,21 @@ def test_a_draw_larger_than_the_pool_is_refused_in_one_line_naming_it():
         task.train_problems(21, seed=0, step=0)
 
 
+@pytest.mark.parametrize("algo", ["grpo", "vapo"])
+def test_varied_sums_brings_its_base_and_budget_and_validates(algo):
+    from rlx_cli.config.compose import compose
+    from rlx_cli.config.validate import validate
+    from rlx_cli.loops.build import build_task
+
+    cfg = compose(["task=varied_sums", f"algo={algo}"])
+    validate(cfg)
+    assert (cfg.model.name, cfg.model.arch.hidden_size, cfg.model.sft.carry_drop) == ("varied_sums", 96, 0.7)
+    longest = worked([9] * 20, 0.0, random.Random(0))  # 20 terms of 9: the longest answer
+    assert len(longest) == 171 and len(longest) + 1 <= cfg.rollout.max_new_tokens  # + EOS
+    assert 1 + len("9," * 20) + cfg.rollout.max_new_tokens <= cfg.model.arch.max_position_embeddings  # BOS, prompt
+    assert {len(p.prompt.split(",")) for p in build_task(cfg.task).eval_problems} == set(range(2, 21))
+
+
 def test_length_buckets_give_the_whole_batchs_gradient():
     """model.sft.length_buckets: micro-batches of similar length, each weighted by its share of the response tokens,
     backpropagate the one-batch token mean (7 + 1, 23 + 1, 13 + 1 and 2 + 1 response tokens here)."""
