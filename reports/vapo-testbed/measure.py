@@ -2,6 +2,7 @@
 
     python reports/vapo-testbed/measure.py base --out reports/vapo-testbed     # the base (built first if need be)
     python reports/vapo-testbed/measure.py runs --experiment vapo-testbed --out reports/vapo-testbed
+    python reports/vapo-testbed/measure.py pilot --experiment vapo-testbed-pilot   # the pilot's grid, by its rule
     # runs: the MLflow store of $MLFLOW_TRACKING_URI (default ./mlflow.db, as for rlx report)
 
 ``base``: on the task's held-out prompts (``task.eval_size``, 200), the base's greedy answer and ``--samples`` sampled
@@ -181,15 +182,113 @@ def runs(args) -> None:
     print(table.to_markdown(index=False, floatfmt=".3f"))
 
 
+ACTED = [
+    "train/clip_higher_share",
+    "train/policy_lam_min",
+    "train/policy_lam_max",
+    "train/critic_first_token_bias",
+    "train/long_quarter_weight",
+    "train/groups_with_positive",
+    "train/nll_share",
+    "train/prompts_per_update",
+]
+EVALS = ["eval/accuracy", "eval/accuracy_sampled"]
+DELTA = 0.02  # the rule's margin (reports/vapo-testbed.md, "The rule")
+
+
+def pilot_runs(experiment: str) -> pd.DataFrame:
+    """One row per FINISHED run of the pilot: cell (u2 | u8, from trainer.epochs), arm (algo, or algo-ablation),
+    seed, greedy and sampled accuracy at steps 0, 20 and 40, the acted figures' means over steps 1-40 and the critic's
+    mean |first-token bias| over steps 1-10."""
+    from rlx_cli.studies.runs import connect, histories, load_runs
+
+    found = load_runs(experiment, None)
+    logged = histories(connect()[1], found, EVALS + ACTED)
+    rows = []
+    for run in found:
+        tags, params = run.data.tags, run.data.params
+        ablate = tags.get("rlx.ablate", "none")
+        arm = tags["rlx.algo"] + ("" if ablate == "none" else f"-{ablate}")
+        if arm == "vapo" and params.get("value_pretrain.steps") == "0":  # the overlays' effect as plain overrides
+            arm = "vapo-no_value_pretrain"
+        if arm == "vapo" and params.get("lam_schedule.critic_lam") in ("None", "null"):
+            arm = "vapo-no_decoupled_gae"
+        row = {"cell": "u2" if params["trainer.epochs"] == "1" else "u8", "arm": arm, "seed": int(params["seed"]),
+               "minibatches": int(params["trainer.minibatches"])}  # fmt: skip
+        for key, name in zip(EVALS, ("greedy", "sampled")):
+            row |= {f"{name}@{step}": value for step, value in logged[run.info.run_id, key]}
+        for key in ACTED:
+            values = dict(logged[run.info.run_id, key])
+            row[key.removeprefix("train/")] = statistics.fmean(values.values()) if values else float("nan")
+        bias = [abs(v) for step, v in logged[run.info.run_id, "train/critic_first_token_bias"] if step <= 10]
+        row["abs_bias_1_10"] = statistics.fmean(bias) if bias else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values(["cell", "arm", "seed"]).reset_index(drop=True)
+
+
+def se(p: float, n: int = 200) -> float:
+    """The evaluation's own standard error of an accuracy p on n prompts, one answer each."""
+    return math.sqrt(p * (1 - p) / (n - 1))
+
+
+def judge_cell(runs: pd.DataFrame) -> dict:
+    """The rule of reports/vapo-testbed.md applied to one cell's runs (both seeds' means)."""
+    grpo, vapo, noop = (runs[runs.arm == arm].set_index("seed") for arm in ("grpo", "vapo", "vapo-noop"))
+    gain = (grpo["greedy@40"] - grpo["greedy@0"]).mean()
+    gain_se = math.sqrt(sum(se(p) ** 2 for p in [*grpo["greedy@40"], *grpo["greedy@0"]])) / len(grpo)
+    learns = gain > 2 * gain_se and (grpo["sampled@40"] - grpo["sampled@0"]).mean() > 0
+    holds = bool(((grpo["greedy@20"] >= grpo["greedy@0"]) & (grpo["greedy@40"] >= grpo["greedy@0"])).all())
+    noop_gap = (noop["greedy@40"] - vapo["greedy@40"]).abs()
+    bias = {name: runs[runs.arm == f"vapo-{name}"]["abs_bias_1_10"].mean() - vapo.loc[0, "abs_bias_1_10"]
+            for name in ("no_value_pretrain", "no_decoupled_gae")}  # fmt: skip
+    figures = vapo.mean(numeric_only=True)
+    lam_range = figures["policy_lam_max"] - figures["policy_lam_min"]
+    ungrouped = 16 * 8 / figures["minibatches"]  # no group sampling: 128 prompts x 1, each update a minibatch of them
+    acted = {
+        "clip_higher": figures["clip_higher_share"] >= 0.01,
+        "adaptive_gae": figures["policy_lam_min"] <= 0.65 and lam_range >= 0.3,
+        "value_pretrain": bias["no_value_pretrain"] >= DELTA,
+        "decoupled_gae": bias["no_decoupled_gae"] >= DELTA,
+        "token_loss": figures["long_quarter_weight"] - 0.25 >= 0.05,
+        "positive_nll": figures["groups_with_positive"] >= 0.2 and figures["nll_share"] >= 0.02,
+        "group_sampling": ungrouped / figures["prompts_per_update"] >= 2,
+    }
+    return {
+        "grpo_greedy_gain": gain, "gain_se": gain_se, "grpo_learns": learns, "grpo_holds": holds,
+        "noop_gap_max": noop_gap.max(), "not_chaotic": bool((noop_gap <= DELTA).all()),
+        "fit": bool(learns and holds and (noop_gap <= DELTA).all()),
+        "bias_vp": bias["no_value_pretrain"], "bias_decoupled": bias["no_decoupled_gae"],
+        **{k: figures[k] for k in ("clip_higher_share", "policy_lam_min", "policy_lam_max", "long_quarter_weight",
+                                   "groups_with_positive", "nll_share", "prompts_per_update")},
+        "ungrouped_prompts_per_update": ungrouped,
+        "acting": sum(acted.values()), "not_acting": ", ".join(k for k, v in acted.items() if not v) or "-",
+    }  # fmt: skip
+
+
+def pilot(args) -> None:
+    """The pilot's per-run figures and each cell judged by the rule -> pilot-per-run.csv, pilot-grid.csv, .md."""
+    per_run = pilot_runs(args.experiment)
+    grid = pd.DataFrame([{"cell": cell, **judge_cell(runs)} for cell, runs in per_run.groupby("cell")])
+    fit = grid[grid.fit]
+    chosen = fit.sort_values(["acting", "cell"], ascending=[False, True]).cell.iloc[0] if len(fit) else None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    per_run.to_csv(out / "pilot-per-run.csv", index=False, float_format="%.4g")
+    grid.to_csv(out / "pilot-grid.csv", index=False, float_format="%.4g")
+    text = grid.set_index("cell").T.to_markdown(floatfmt=".4g") + f"\n\nchosen by the rule: {chosen or 'none'}\n"
+    (out / "pilot-grid.md").write_text(text)
+    print(per_run.to_markdown(index=False, floatfmt=".3f"), text, sep="\n\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["base", "runs"])
+    parser.add_argument("what", choices=["base", "runs", "pilot"])
     parser.add_argument("--out", default="reports/vapo-testbed")
     parser.add_argument("--samples", type=int, default=4, help="sampled answers per held-out prompt")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--experiment", default="vapo-testbed")
     args, overrides = parser.parse_known_args()
-    base(args, overrides) if args.what == "base" else runs(args)
+    {"base": lambda: base(args, overrides), "runs": lambda: runs(args), "pilot": lambda: pilot(args)}[args.what]()
 
 
 if __name__ == "__main__":
