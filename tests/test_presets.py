@@ -26,6 +26,7 @@ OVERLAY_KEYS = {
     "no_positive_nll": {"lm_loss.coef"},
     "no_group_sampling": {"rollout.group_size", "rollout.prompts_per_step"},
     "noop": {"trainer.loss_scale"},  # the no-op control: the loss times 1 + 2^-20, a different rounding only
+    "placebo_reward": {"trainer.placebo_reward"},  # the placebo control: the draw's scores by lot
 }
 
 
@@ -67,6 +68,10 @@ def test_each_overlay_changes_exactly_its_keys_or_refuses(algo, ablate):
         cfg = compose([f"algo={algo}", f"+ablate={ablate}"])
     except UserError as error:
         assert f"+ablate={ablate} does not apply to algo={algo}" in str(error)
+        return
+    if ablate == "placebo_reward" and algo in ("dpo", "spo", "grpo_process"):  # pairs, step or cut rewards: no draw's
+        with pytest.raises(UserError, match="trainer.placebo_reward=true"):  # scores to hand out by lot
+            validate(cfg)
         return
     if ablate == "no_group_sampling" and cfg.trainer.loop in ("dpo", "online_dpo"):  # best vs worst of one answer
         with pytest.raises(UserError, match="rollout.group_size=1"):  # refused (rlx ablate: applicable_overlays)

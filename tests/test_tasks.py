@@ -1,6 +1,7 @@
 import random
 
 import pytest
+import torch
 
 from rlx_cli.config.errors import UserError
 from rlx_cli.sampling.tasks import Problem, SumsTask, worked
@@ -79,3 +80,38 @@ def test_a_draw_larger_than_the_pool_is_refused_in_one_line_naming_it():
         UserError, match=r"^task\.pool=20 is smaller than the 21 problems this draw takes \(valid: 21 or up\)$"
     ):
         task.train_problems(21, seed=0, step=0)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "vapo"])
+def test_varied_sums_brings_its_base_and_budget_and_validates(algo):
+    from rlx_cli.config.compose import compose
+    from rlx_cli.config.validate import validate
+    from rlx_cli.loops.build import build_task
+
+    cfg = compose(["task=varied_sums", f"algo={algo}"])
+    validate(cfg)
+    assert (cfg.model.name, cfg.model.arch.hidden_size, cfg.model.sft.carry_drop) == ("varied_sums", 96, 0.7)
+    longest = worked([9] * 20, 0.0, random.Random(0))  # 20 terms of 9: the longest answer
+    assert len(longest) == 171 and len(longest) + 1 <= cfg.rollout.max_new_tokens  # + EOS
+    assert 1 + len("9," * 20) + cfg.rollout.max_new_tokens <= cfg.model.arch.max_position_embeddings  # BOS, prompt
+    assert {len(p.prompt.split(",")) for p in build_task(cfg.task).eval_problems} == set(range(2, 21))
+
+
+def test_length_buckets_give_the_whole_batchs_gradient():
+    """model.sft.length_buckets: micro-batches of similar length, each weighted by its share of the response tokens,
+    backpropagate the one-batch token mean (7 + 1, 23 + 1, 13 + 1 and 2 + 1 response tokens here)."""
+    from transformers import LlamaForCausalLM
+
+    from rlx_cli.engine.base_model import char_llama_config, char_tokenizer, response_tokens, sft_backward
+
+    examples = [("3,4:", "3+4=7#7"), ("3,4,5,9:", "3+4=7,7+5=12,12+9=21#21"), ("1,2,3:", "1+2=3,3+3=6#6"), ("5:", "#5")]
+    assert response_tokens(char_tokenizer(), examples) == 8 + 24 + 14 + 3
+    arch = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=1, head_dim=32)
+    grads, losses = [], []
+    for buckets in (1, 3):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(char_llama_config(arch, max_positions=64))
+        losses.append(sft_backward(model, char_tokenizer(), examples, buckets))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6) and grads[0].abs().sum() > 0

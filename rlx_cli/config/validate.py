@@ -52,6 +52,7 @@ ENGINE_KEYS: dict[str, tuple] = {
     "trainer.warmup_steps": (int, 0, 10_000_000),
     "trainer.grad_clip": (float, 0.0, INF),
     "trainer.loss_scale": (float, 1e-6, 1e6),
+    "trainer.placebo_reward": (bool, (True, False)),
     "trainer.epochs": (int, 1, 1000),
     "trainer.minibatches": (int, 1, 1_000_000),
     "trainer.ckpt_every": (int, 0, 10_000_000),
@@ -191,6 +192,13 @@ def check_loop(cfg: DictConfig) -> None:
         )
     if cfg.task.get("verifier") == "judge" and not cfg.task.judge.path:
         raise UserError("task.verifier=judge needs task.judge.path (valid: a local Hugging Face causal LM directory)")
+    below = {"step_rewards", "cut_values"} & set(signatures.table()["advantage"][cfg.advantage.name].parameters)
+    if cfg.trainer.placebo_reward and (mode == "dpo" or below):
+        what = f"trainer.loop={mode}'s pairs" if mode == "dpo" else f"advantage={cfg.advantage.name}'s {min(below)}"
+        raise UserError(
+            f"trainer.placebo_reward=true hands a sampled draw's scores out by lot, not {what} "
+            "(valid: trainer.loop=rl, rft or online_dpo with an advantage of whole answers, e.g. advantage=grpo or gae)"
+        )
 
 
 def check_pass_k(cfg: DictConfig) -> None:

@@ -114,18 +114,17 @@ def _train_and_save(model_cfg, task_cfg, task, target: Path, progress, device) -
     with progress.task("building the base model (first run only)", total=sft.steps) as advance:
         for _ in range(sft.steps):
             examples = task.sft_examples(sft.batch_size, rng=rng, **defects(task, sft))
-            loss = sft_loss(model, tokenizer, examples)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = sft_backward(model, tokenizer, examples, sft.get("length_buckets", 1))
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             schedule.step()
-            advance(loss=loss.item())
+            advance(loss=loss)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / "rlx_sft.json").write_text(
-        json.dumps({"final_loss": loss.item(), "seconds": time.perf_counter() - start, **OmegaConf.to_container(sft)})
+        json.dumps({"final_loss": loss, "seconds": time.perf_counter() - start, **OmegaConf.to_container(sft)})
     )
     try:
         tmp.rename(target)
@@ -144,6 +143,32 @@ def _warmup_cosine(step: int, warmup: int, total: int) -> float:
     if step < warmup:
         return (step + 1) / warmup
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def sft_backward(model, tokenizer, examples: list[tuple[str, str]], buckets: int = 1) -> float:
+    """Backpropagates ``sft_loss`` over ``examples`` -> the loss. ``buckets`` > 1 (``model.sft.length_buckets``): the
+    examples sorted by length and cut into that many micro-batches, each loss weighted by its share of the response
+    tokens, so the gradient is the whole batch's token mean (up to rounding) with far less padding where lengths vary
+    widely (task=varied_sums' answers of 8 to 166 tokens: 4 buckets halve a step's time)."""
+    if buckets <= 1:
+        loss = sft_loss(model, tokenizer, examples)
+        loss.backward()
+        return loss.item()
+    ordered = sorted(examples, key=lambda e: len(e[0]) + len(e[1]))
+    parts = [ordered[i * len(ordered) // buckets : (i + 1) * len(ordered) // buckets] for i in range(buckets)]
+    parts = [part for part in parts if part]
+    counts = [response_tokens(tokenizer, part) for part in parts]
+    total = 0.0
+    for part, count in zip(parts, counts):
+        loss = sft_loss(model, tokenizer, part) * (count / sum(counts))
+        loss.backward()
+        total += loss.item()
+    return total
+
+
+def response_tokens(tokenizer, examples: list[tuple[str, str]]) -> int:
+    """The tokens ``sft_loss`` averages over: each response's, + EOS."""
+    return sum(len(ids) + 1 for ids in tokenizer([r for _, r in examples], add_special_tokens=False)["input_ids"])
 
 
 def sft_loss(model, tokenizer, examples: list[tuple[str, str]]) -> torch.Tensor:

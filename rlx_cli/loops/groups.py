@@ -106,6 +106,8 @@ def sample_groups(cfg, parts: Parts, step: int, model=None, carried: Groups | No
             drawn = {SAMPLED: drawn[SAMPLED] + len(batch.texts), SAMPLED_TOKENS: drawn[SAMPLED_TOKENS] + batch.tokens()}
             started = time.perf_counter()
             scores = torch.tensor(task.score_batch(batch.texts, rows))
+            if cfg.trainer.placebo_reward:  # the draw's scores handed out by lot: none depends on its own answer
+                scores = scores[torch.randperm(len(scores))]
             scoring += time.perf_counter() - started  # the verifier's time; a judge's forwards (task.verifier=judge)
             informative = torch.ones(wanted, dtype=torch.bool)
             if rollout.dynamic_sampling:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rlx_cli.config.compose import CONFIG_MODULE, compose, explain, group_choices
 from rlx_cli.config.errors import UserError
 
-CONTROLS = ("noop",)  # overlays in conf/ablate/ that are controls, not ingredients: rlx ablate skips
+CONTROLS = ("noop", "placebo_reward")  # overlays in conf/ablate/ that are controls, not ingredients: rlx ablate skips
 
 
 def expand(args: list[str]) -> list[list[str]]:
