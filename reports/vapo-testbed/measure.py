@@ -275,7 +275,8 @@ def pilot(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     per_run.to_csv(out / "pilot-per-run.csv", index=False, float_format="%.4g")
     grid.to_csv(out / "pilot-grid.csv", index=False, float_format="%.4g")
-    text = grid.set_index("cell").T.to_markdown(floatfmt=".4g") + f"\n\nchosen by the rule: {chosen or 'none'}\n"
+    shown = grid.set_index("cell").map(lambda v: f"{v:.4g}" if isinstance(v, float) else v).T
+    text = shown.to_markdown() + f"\n\nchosen by the rule: {chosen or 'none'}\n"
     (out / "pilot-grid.md").write_text(text)
     print(per_run.to_markdown(index=False, floatfmt=".3f"), text, sep="\n\n")
 
