@@ -60,7 +60,7 @@ def fake_parts():
 def config(carry: bool):
     rollout = dict(prompts_per_step=PROMPTS, group_size=SIZE, dynamic_sampling=True, max_draws=4, temperature=1.0,
                    max_new_tokens=2, carry_surplus=carry)  # fmt: skip
-    return OmegaConf.create({"seed": 0, "rollout": rollout})
+    return OmegaConf.create({"seed": 0, "rollout": rollout, "trainer": {"placebo_reward": False}})
 
 
 def origins(batch: Rollout) -> list[str]:
