@@ -62,15 +62,18 @@ def test_each_point_has_a_stable_folder_of_its_own():
 
 
 def test_a_seeds_point_is_its_own_composition_composed_once(monkeypatch):
-    """sweep.plan composes the points that differ by their seed alone once: each copy equals its own composition."""
-    from rlx_cli.config.compose import compose, flat, job_config
+    """compose() composes the points that differ by their seed alone once (what sweep.plan asks of it for every
+    point of a grid): each copy equals its own uncached composition; a bad seed is refused by the point."""
+    from rlx_cli.config import compose as composing
+    from rlx_cli.config.compose import flat, job_config
 
     points = [["algo=vapo", "+ablate=no_token_loss", f"seed={s}"] for s in (0, 7)] + [["algo=grpo", "seed=3"]]
-    composed, calls = {}, []
-    monkeypatch.setattr(sweep, "compose", lambda o: calls.append(o) or compose(o))
+    calls, uncached = [], composing.composed
+    monkeypatch.setattr(composing, "_COMPOSED", {})
+    monkeypatch.setattr(composing, "composed", lambda o: calls.append(o) or uncached(o))
     for point in points:
-        assert flat(job_config(sweep.composed_once(point, composed))) == flat(job_config(compose(point)))
-    assert calls == [["algo=vapo", "+ablate=no_token_loss"], ["algo=grpo"]]
+        assert flat(job_config(composing.compose(point))) == flat(job_config(uncached(point)))
+    assert calls == [["algo=vapo", "+ablate=no_token_loss"], ["algo=vapo"], ["algo=grpo"]]  # the preset once too
     with pytest.raises(
         UserError, match=r"^seed='x' has the wrong type \(valid: int\) \(in the point: algo=grpo seed=x\)$"
     ):

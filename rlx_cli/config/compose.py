@@ -61,13 +61,20 @@ def compose(overrides: list[str]) -> DictConfig:
     ``+ablate=`` overlays are composed over the preset (``algo`` plus every other override) and may refer to
     its values as ``${preset:key}``; an overlay that changes nothing the preset uses is an error.
 
-    Composed once a process for the same overrides (``conf/`` reads no environment and ``${now:}`` is the process's
-    start), each call getting its own copy: planning a study composes each arm's preset and overlays again and again.
+    Composed once a process for the same overrides but ``seed=`` (``conf/`` reads no environment and never the
+    seed, and ``${now:}`` is the process's start), each call getting its own copy with its own seed (as Hydra reads
+    the value): planning a study composes each arm's preset, overlays and seeds again and again.
     """
-    key = tuple(overrides)
+    seeds = [o for o in overrides if o.startswith("seed=")]
+    key = tuple(o for o in overrides if o not in seeds) if len(seeds) == 1 else tuple(overrides)
     if key not in _COMPOSED:
-        _COMPOSED[key] = composed(overrides)
-    return copy.deepcopy(_COMPOSED[key])
+        _COMPOSED[key] = composed(list(key))
+    cfg = copy.deepcopy(_COMPOSED[key])
+    if len(key) < len(overrides):
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        cfg.seed = OverridesParser.create().parse_override(seeds[0]).value()
+    return cfg
 
 
 def composed(overrides: list[str]) -> DictConfig:

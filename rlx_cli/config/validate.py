@@ -192,8 +192,10 @@ def check_loop(cfg: DictConfig) -> None:
         )
     if cfg.task.get("verifier") == "judge" and not cfg.task.judge.path:
         raise UserError("task.verifier=judge needs task.judge.path (valid: a local Hugging Face causal LM directory)")
+    if not cfg.trainer.placebo_reward:
+        return
     below = {"step_rewards", "cut_values"} & set(signatures.table()["advantage"][cfg.advantage.name].parameters)
-    if cfg.trainer.placebo_reward and (mode == "dpo" or below):
+    if mode == "dpo" or below:
         what = f"trainer.loop={mode}'s pairs" if mode == "dpo" else f"advantage={cfg.advantage.name}'s {min(below)}"
         raise UserError(
             f"trainer.placebo_reward=true hands a sampled draw's scores out by lot, not {what} "

@@ -16,15 +16,12 @@
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
-
-from omegaconf import DictConfig, OmegaConf
 
 from rlx_cli.config.compose import ablations, choices_of, compose
 from rlx_cli.config.errors import UserError
@@ -51,10 +48,10 @@ def plan(points: list[list[str]]) -> list[Point]:
     """Compose and validate every point; all of them must log to one experiment."""
     from rlx_cli.config.validate import validate
 
-    planned, composed = [], {}
+    planned = []
     for index, overrides in enumerate(points):
         try:
-            cfg = composed_once(overrides, composed)
+            cfg = compose(overrides)
             validate(cfg)
         except UserError as error:
             raise UserError(f"{error} (in the point: {' '.join(overrides)})") from None
@@ -68,21 +65,6 @@ def plan(points: list[list[str]]) -> list[Point]:
     if len(where) > 1:
         raise UserError(f"all points of a sweep log to one experiment, these go to: {', '.join(where)}")
     return planned
-
-
-def composed_once(overrides: list[str], composed: dict) -> DictConfig:
-    """``compose(overrides)``, composing once for the points of a grid that differ by their ``seed=`` alone: no config
-    group reads the seed (``conf/`` never interpolates it), so each seed's point is a copy with its own seed set.
-    ``composed`` keeps the compositions by the other overrides."""
-    seeds = [o for o in overrides if key_of(o) == SEED_KEY and o.startswith(SEED_KEY)]
-    if len(seeds) != 1:
-        return compose(overrides)
-    rest = tuple(o for o in overrides if o != seeds[0])
-    if rest not in composed:
-        composed[rest] = compose(list(rest))
-    cfg = copy.deepcopy(composed[rest])
-    cfg.seed = OmegaConf.from_dotlist(seeds).seed  # as Hydra reads a plain value: seed=3 -> 3, seed=x -> "x"
-    return cfg
 
 
 def worker_uri() -> str:
