@@ -29,6 +29,11 @@ def ablation_of(tokens) -> str:
     return next((t.split("=", 1)[1] for t in tokens if t.startswith("+ablate=")), "none")
 
 
+def algo_of(tokens) -> str:
+    """The ``algo=`` preset among an arm's override ``tokens`` ("?" without one)."""
+    return next((t.split("=", 1)[1] for t in tokens if t.startswith("algo=")), "?")
+
+
 def group_arms(runs: list, failed: list = ()) -> list[Arm]:
     """Arms by overrides minus the seed, in the order they started; labels name what differs between them. A
     ``failed`` run joins its arm's ``failed`` where the arm has no FINISHED run of its seed (an arm all of whose

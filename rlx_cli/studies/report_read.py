@@ -16,7 +16,16 @@ from pathlib import Path
 
 from rlx_cli.config.errors import UserError
 from rlx_cli.studies import acted, compute_axis, health, report_format, run_records, study_plan
-from rlx_cli.studies.arms import Arm, ablation_of, common_overrides, default_baseline, group_arms, only_arms, pick_arm
+from rlx_cli.studies.arms import (
+    Arm,
+    ablation_of,
+    algo_of,
+    common_overrides,
+    default_baseline,
+    group_arms,
+    only_arms,
+    pick_arm,
+)
 from rlx_cli.studies.run_records import RunRecord, reduced, se_metric
 from rlx_cli.studies.runs import connect, histories, load_failed, load_runs, only_seeds, seeds_of
 from rlx_cli.studies.study import STUDY_ROLE, override_tokens
@@ -119,6 +128,10 @@ def from_file(request) -> Read:
             raise UserError(f"--seeds {request.seeds}: {path} has no run of these seeds")
     arms = []
     for label in dict.fromkeys(r.arm for r in records):  # the arms in the file's order, which the table's was
+        if plan is not None and label in plan.arms:  # a plan's arm name: its overrides are the plan's
+            words = plan.arms[label]
+            arms.append(Arm(words, algo_of(words), ablation_of(words), label=label))
+            continue
         words = override_tokens(label.split(" #")[0])
         arms.append(Arm(words[1:], words[0] if words else "?", ablation_of(words), label=label))
     baseline = request.baseline or (plan.baseline if plan else None)

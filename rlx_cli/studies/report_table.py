@@ -186,6 +186,8 @@ def noise_notes(table: pd.DataFrame, comparisons: dict[str, stats.Comparison]) -
         return []
     base_se, noisy = table["eval_se"].iloc[0], []
     for _, row in table.iloc[1:].iterrows():
+        if row["arm"] not in comparisons:  # a declared study's arm before its first look
+            continue
         sigma, noise = comparisons[row["arm"]].sigma, math.hypot(row["eval_se"], base_se)
         if sigma > 0 and noise >= NOISE_SHARE * sigma:  # NaN (one seed, no SE) compares false
             noisy.append(f"{row['arm']}: {noise:.3g} against {sigma:.3g}")
