@@ -3,6 +3,7 @@
     python reports/vapo-testbed/measure.py base --out reports/vapo-testbed     # the base (built first if need be)
     python reports/vapo-testbed/measure.py runs --experiment vapo-testbed --out reports/vapo-testbed
     python reports/vapo-testbed/measure.py pilot --experiment vapo-testbed-pilot   # the pilot's grid, by its rule
+    python reports/vapo-testbed/measure.py gains      # from the study's table-runs.csv: the placebo against the base
     # runs: the MLflow store of $MLFLOW_TRACKING_URI (default ./mlflow.db, as for rlx report)
 
 ``base``: on the task's held-out prompts (``task.eval_size``, 200), the base's greedy answer and ``--samples`` sampled
@@ -15,6 +16,10 @@ lengths, per α) and base.md (the three as tables). Extra ``key=value`` argument
 override the config (``model.path=DIR model=hf`` measures another checkpoint).
 
 ``runs``: per run of the experiment, perf/step_s (median over its steps) and its evaluations -> runs.csv.
+
+``gains``: from the study's per-run data (``table-runs.csv``, no MLflow store needed), each arm's greedy accuracy at
+its last step minus its own at step 0 (the base's), per seed; the placebo's judged by rlx's paired test at the plan's
+margin and α (a family of one: the check the plan names) -> gains.md.
 """
 
 from __future__ import annotations
@@ -281,15 +286,49 @@ def pilot(args) -> None:
     print(per_run.to_markdown(index=False, floatfmt=".3f"), text, sep="\n\n")
 
 
+def gains(args) -> None:
+    """Each arm's gain over the base, seed by seed; the placebo's verdict (vapo-testbed.md, "How it is read")."""
+    from rlx_cli.studies import stats, study_plan
+    from rlx_cli.studies.comparison import compare
+
+    out = Path(args.out)
+    plan = study_plan.load(out / "plan.yaml")
+    runs = pd.read_csv(out / "table-runs.csv")
+    runs = runs[runs.status == "FINISHED"]
+    rows, verdict = [], None
+    for arm, found in runs.groupby("arm", sort=False):
+        end, start = (dict(zip(found.seed, found[f"eval/accuracy {at}"])) for at in ("end", "start"))
+        gained = [end[s] - start[s] for s in end]
+        rows.append({"arm": arm, "n": len(gained), "step 0": statistics.fmean(start.values()),
+                     "last": statistics.fmean(end.values()), "gain": statistics.fmean(gained),
+                     "seeds above their step 0": sum(g > 0 for g in gained)})  # fmt: skip
+        if arm == "placebo":
+            judging = stats.Judging(margin=plan.margin, alpha=plan.alpha)
+            verdict = stats.judge({arm: (compare(end, start, margin=plan.margin), 0)}, judging)[arm]
+    table = pd.DataFrame(rows).to_markdown(index=False, floatfmt=".3f")
+    said = "no placebo runs" if verdict is None else (
+        f"placebo against its own step 0 (the base), paired over {len(verdict.comparison.arm)} seeds: "
+        f"{verdict.label}, Δ {verdict.delta:+.3f}, {verdict.level:.0%} interval [{verdict.low:+.3f}, "
+        f"{verdict.high:+.3f}], p {verdict.p:.3g}, δ = {plan.margin}, α = {plan.alpha}")  # fmt: skip
+    text = f"{table}\n\n{said}\n"
+    (out / "gains.md").write_text(text)
+    print(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["base", "runs", "pilot"])
+    parser.add_argument("what", choices=["base", "runs", "pilot", "gains"])
     parser.add_argument("--out", default="reports/vapo-testbed")
     parser.add_argument("--samples", type=int, default=4, help="sampled answers per held-out prompt")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--experiment", default="vapo-testbed")
     args, overrides = parser.parse_known_args()
-    {"base": lambda: base(args, overrides), "runs": lambda: runs(args), "pilot": lambda: pilot(args)}[args.what]()
+    {
+        "base": lambda: base(args, overrides),
+        "runs": lambda: runs(args),
+        "pilot": lambda: pilot(args),
+        "gains": lambda: gains(args),
+    }[args.what]()
 
 
 if __name__ == "__main__":
