@@ -3,12 +3,13 @@ and a declared study's table before its first look."""
 
 from __future__ import annotations
 
-import csv
 import io
 
 import pandas as pd
 
+from rlx_cli.studies import run_records
 from rlx_cli.studies.report import report_command
+from rlx_cli.studies.run_records import RunRecord
 
 PLAN = """study: t
 arms:
@@ -23,16 +24,15 @@ RUNS = {"vapo": ((0.15, 0.93), (0.2, 0.1, 0.15)), "no_adaptive_gae": ((0.95, 0.9
 
 
 def runs_file(folder):
-    rows = [{"arm": arm, "seed": seed, "run_id": f"{arm}-{seed}", "eval/accuracy": value, "status": "FINISHED",
-             "eval/accuracy_se": 0.02, "train/policy_lam_max mean": high, "train/policy_lam_min mean": low}
-            for arm, ((low, high), values) in RUNS.items() for seed, value in enumerate(values)]  # fmt: skip
-    path = folder / "t-runs.csv"
-    with path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    """The runs as ``rlx report --out`` writes them (``run_records.write``), the plan beside them."""
+    records = []
+    for arm, ((low, high), values) in RUNS.items():
+        for seed, value in enumerate(values):
+            record = RunRecord(arm, str(seed), f"{arm}-{seed}", "FINISHED", value, se=0.02)
+            record.acted |= {"train/policy_lam_max mean": high, "train/policy_lam_min mean": low}
+            records.append(record)
     (folder / "plan.yaml").write_text(PLAN)
-    return path
+    return run_records.write(records, "eval/accuracy", folder / "t-runs.csv")
 
 
 def test_a_plan_arms_ablation_is_read_from_the_plan_so_its_acted_figure_comes_back(tmp_path):
