@@ -125,6 +125,12 @@ def sweep(
     control: bool = typer.Option(
         None, "--control/--no-control", help="--plan: the no-op arm (+ablate=noop); on by default with --until-decided."
     ),
+    runs: Path = typer.Option(
+        None,
+        "--runs",
+        help="--plan: the earlier looks' runs, from another store (a *-runs.csv that rlx report "
+        "--out wrote): they count as run; only the seeds they lack run here.",
+    ),
 ) -> None:
     """Run every point of a grid as one `rlx train`, each an MLflow child run of the study's parent run; then print
     the study's table with verdicts and write it beside the study (table.md, table.csv). With --plan, a declared
@@ -141,9 +147,10 @@ def sweep(
             raise UserError("--plan declares the whole study (valid: --plan FILE alone; put overrides in its common:)")
         raise typer.Exit(plan_command(plan, until_decided=until_decided, max_seeds=max_seeds, every=every,
                                       control=control, jobs=jobs, launcher=launcher, dry_run=dry_run, rerun=rerun,
-                                      report=not no_report))  # fmt: skip
-    given = [name for name, value in (("--until-decided", until_decided), ("--max-seeds", max_seeds),
-                                       ("--every", every), ("--control", control)) if value]  # fmt: skip
+                                      report=not no_report, runs=runs))  # fmt: skip
+    only_plan = {"--until-decided": until_decided, "--max-seeds": max_seeds, "--every": every, "--control": control,
+                 "--runs": runs}  # fmt: skip
+    given = [name for name, value in only_plan.items() if value]
     if given:
         raise UserError(f"{given[0]} applies to a declared study (valid: rlx sweep --plan FILE {given[0]})")
     from rlx_cli.studies.sweep import sweep_command

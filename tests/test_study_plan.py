@@ -181,3 +181,43 @@ def test_a_plan_is_stored_at_its_first_launch_read_back_and_a_changed_one_refuse
     assert "\n" not in message and f"declared on {first.declared} with margin = 0.02, not 0.03" in message
     with pytest.raises(UserError, match=r"with arms = \{.*'ppo'.*\}, not \{'grpo'"):
         study_plan.declare(replace(plan, arms={"grpo": ["algo=grpo"], "rloo": ["algo=rloo"]}), folder, "x")
+
+
+def test_a_carried_plan_keeps_when_it_was_first_declared(tmp_path):
+    plan = replace(study_plan.load(write(tmp_path, TWO)), declared="2026-11-28T20:26:46+00:00", commit="865906c")
+    assert study_plan.declare(plan, tmp_path / "new", "abc1234", carried=True) == plan
+    assert study_plan.declare(plan, tmp_path / "fresh", "abc1234").commit == "abc1234"  # not carried: declared now
+
+
+def earlier_runs(tmp_path: Path, rows: list[tuple[str, int, float]], metric: str = study_plan.StudyPlan.metric):
+    path = tmp_path / "table-runs.csv"
+    lines = [f"arm,seed,run_id,{metric},status"] + [f"{a},{s},r{a}{s},{v},FINISHED" for a, s, v in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_study_resumed_from_runs_of_another_store_runs_only_the_seeds_they_lack(tmp_path, capsys):
+    """``rlx sweep --plan P --runs FILE``: look 1 (2 seeds) is in the file, ppo undecided -> look 2's seeds 2, 3 of
+    the baseline and of ppo; with ppo's seed 1 and the no-op's missing, look 1 is not complete and those alone run."""
+    from rlx_cli.studies.deciding import plan_command
+
+    path = write(tmp_path, TWO + "seeds: 2\nevery: 2\nmax_seeds: 4\n")
+    looked = [("grpo", 0, 0.5), ("grpo", 1, 0.6), ("ppo", 0, 0.55), ("ppo", 1, 0.45), ("noop", 0, 0.5),
+              ("noop", 1, 0.6)]  # fmt: skip
+    assert plan_command(path, until_decided=True, dry_run=True, runs=earlier_runs(tmp_path, looked)) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == "rlx sweep --plan: 1 of 2 looks done; decided: noop identical at look 1; running: ppo"
+    assert said[1].endswith(": 4 runs") and said[2:] == [f"  {a} seed {s}" for a in ("grpo", "ppo") for s in (2, 3)]
+    assert plan_command(path, until_decided=True, dry_run=True, runs=earlier_runs(tmp_path, looked[:3])) == 0
+    head = f"rlx sweep --plan: the next look, beside the 3 runs in {tmp_path / 'table-runs.csv'}: 3 runs"
+    assert capsys.readouterr().out.splitlines()[1:] == [head, "  ppo seed 1", "  noop seed 0", "  noop seed 1"]
+
+
+def test_runs_of_another_study_are_refused_naming_what_fits(tmp_path):
+    from rlx_cli.studies.deciding import earlier_values
+
+    plan = study_plan.load(write(tmp_path, TWO))
+    with pytest.raises(UserError, match=r"arm 'rloo' is not in the plan \(valid: grpo, ppo\)$"):
+        earlier_values(earlier_runs(tmp_path, [("grpo", 0, 0.5), ("rloo", 0, 0.4)]), plan)
+    with pytest.raises(UserError, match=r"hold train/reward, the plan judges eval/accuracy_sampled \(valid: the \*-"):
+        earlier_values(earlier_runs(tmp_path, [("grpo", 0, 0.5)], "train/reward"), plan)

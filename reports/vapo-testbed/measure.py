@@ -4,6 +4,7 @@
     python reports/vapo-testbed/measure.py runs --experiment vapo-testbed --out reports/vapo-testbed
     python reports/vapo-testbed/measure.py pilot --experiment vapo-testbed-pilot   # the pilot's grid, by its rule
     python reports/vapo-testbed/measure.py gains      # from the study's table-runs.csv: the placebo against the base
+    python reports/vapo-testbed/measure.py combine --later L.md --later-samples LS.md   # look 1's data + later seeds'
     # runs: the MLflow store of $MLFLOW_TRACKING_URI (default ./mlflow.db, as for rlx report)
 
 ``base``: on the task's held-out prompts (``task.eval_size``, 200), the base's greedy answer and ``--samples`` sampled
@@ -315,9 +316,48 @@ def gains(args) -> None:
     print(text)
 
 
+def combine(args) -> None:
+    """The study's per-run data over its looks (vapo-testbed.md, "Where it stands"): look 1's as committed
+    (``table-look1-*``, ``table-samples-look1-*``) and the later seeds' as ``rlx report --out`` wrote them from the
+    store that ran them (``--later T.md`` at steps, ``--later-samples T.md`` with ``--x samples``), their arms named
+    as the plan names them -> table-runs.csv, table-curves.csv, table-samples-runs.csv, table-samples-curves.csv; the
+    samples' curves gain each run's ``AUC of eval/accuracy`` (``compute_axis.area``) as a one-point curve."""
+    from rlx_cli.studies import compute_axis, study_plan
+    from rlx_cli.studies.arms import ablation_of
+    from rlx_cli.studies.study import override_tokens
+
+    out = Path(args.out)
+    plan = study_plan.load(out / "plan.yaml")
+    named = {ablation_of(words): name for name, words in plan.arms.items()}
+    for table, later in (("table", args.later), ("table-samples", args.later_samples)):
+        earlier, later = out / f"{table}-look1", Path(later).with_suffix("")
+        parts = {}
+        for kind in ("runs", "curves"):
+            old, new = (pd.read_csv(f"{stem}-{kind}.csv", dtype={"seed": str}) for stem in (earlier, later))
+            new["arm"] = [named[ablation_of(override_tokens(label))] for label in new.arm]
+            clash = set(zip(old.arm, old.seed)) & set(zip(new.arm, new.seed))
+            if clash:
+                raise SystemExit(f"{later}-{kind}.csv repeats look 1's runs {sorted(clash)}: export only the new seeds")
+            parts[kind] = pd.concat([old, new], ignore_index=True)
+        curves = parts["curves"]
+        if table == "table-samples":
+            accuracy = curves[curves.metric == "eval/accuracy"]
+            areas = [
+                {"arm": arm, "seed": seed, "run_id": run, "metric": "AUC of eval/accuracy", "x": 0,
+                 "value": compute_axis.area(list(zip(found.x, found.value)))}
+                for (arm, seed, run), found in accuracy.groupby(["arm", "seed", "run_id"], sort=False)
+            ]  # fmt: skip
+            curves = pd.concat([curves, pd.DataFrame(areas)], ignore_index=True)
+        parts["runs"].to_csv(out / f"{table}-runs.csv", index=False)
+        curves.to_csv(out / f"{table}-curves.csv", index=False)
+        print(f"{table}: {len(parts['runs'])} runs, {len(parts['runs']) - len(pd.read_csv(f'{earlier}-runs.csv'))} new")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["base", "runs", "pilot", "gains"])
+    parser.add_argument("what", choices=["base", "runs", "pilot", "gains", "combine"])
+    parser.add_argument("--later", help="combine: the later seeds' table as rlx report --out wrote it")
+    parser.add_argument("--later-samples", help="combine: the same with --x samples")
     parser.add_argument("--out", default="reports/vapo-testbed")
     parser.add_argument("--samples", type=int, default=4, help="sampled answers per held-out prompt")
     parser.add_argument("--seed", type=int, default=0)
@@ -328,6 +368,7 @@ def main() -> None:
         "runs": lambda: runs(args),
         "pilot": lambda: pilot(args),
         "gains": lambda: gains(args),
+        "combine": lambda: combine(args),
     }[args.what]()
 
 

@@ -9,16 +9,23 @@ decided (``--until-decided``).
    points (FINISHED ones skipped, interrupted ones resumed from their checkpoints, every launcher); again, until
    every arm is decided or the last look is done
 4. the study's table, judged by its plan (``rlx report --study NAME``)
+
+``--runs FILE``: the earlier looks' runs of a study whose store is elsewhere (a lost machine, another cluster), as
+``rlx report --out`` wrote them (``*-runs.csv``, the arms named as the plan names them). Their seeds count as run:
+judged with this store's, and only the seeds they lack run here; the stored copy of the plan keeps when it was first
+declared.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
 from rlx_cli.config.errors import UserError
 from rlx_cli.loops.track import git_sha
-from rlx_cli.studies import sequential, study_plan
+from rlx_cli.studies import run_records, sequential, study_plan
 from rlx_cli.studies.launchers import check_launcher
 from rlx_cli.studies.report_read import plan_values
 from rlx_cli.studies.report_table import known_lower_is_better
@@ -43,9 +50,34 @@ def arm_points(declared: study_plan.StudyPlan) -> dict[str, Point]:
     return out
 
 
-def seeded(point: Point, seeds: range, arms: int) -> list[Point]:
+def seeded(point: Point, seeds: Iterable[int], arms: int) -> list[Point]:
     return [replace(point, index=point.index + arms * s, overrides=[*point.overrides, f"seed={s}"], seed=s)
             for s in seeds]  # fmt: skip
+
+
+def earlier_values(path: Path | None, declared: study_plan.StudyPlan) -> dict[str, dict[int, float]]:
+    """``--runs FILE`` -> arm -> {seed: the plan's metric} of the FINISHED runs the file holds ({} without one)."""
+    if path is None:
+        return {}
+    metric, records = run_records.read(path, [], declared.reduce, 1)
+    if metric != declared.metric:
+        raise UserError(f"--runs {path}: its runs hold {metric}, the plan judges {declared.metric} (valid: the "
+                        "*-runs.csv of this study's table)")  # fmt: skip
+    unknown = sorted({r.arm for r in records} - set(declared.arms))
+    if unknown:
+        raise UserError(f"--runs {path}: arm '{unknown[0]}' is not in the plan (valid: {', '.join(declared.arms)})")
+    out: dict[str, dict[int, float]] = {}
+    for record in records:
+        if record.status == "FINISHED" and record.seed.isdigit() and not math.isnan(record.value):
+            out.setdefault(record.arm, {})[int(record.seed)] = record.value
+    return out
+
+
+def next_points(state: sequential.Replay, points: dict[str, Point], earlier: dict[str, dict[int, float]]):
+    """The next look's points: each running arm's (and the baseline's) seeds up to the look's, but those ``earlier``
+    holds."""
+    lacking = {arm: [s for s in range(n) if s not in earlier.get(arm, {})] for arm, n in state.next_seeds.items()}
+    return [p for arm, seeds in lacking.items() for p in seeded(points[arm], seeds, len(points))]
 
 
 def say(state: sequential.Replay, declared: study_plan.StudyPlan) -> None:
@@ -58,13 +90,22 @@ def say(state: sequential.Replay, declared: study_plan.StudyPlan) -> None:
 
 def plan_command(path: Path, *, until_decided: bool = False, max_seeds: int | None = None, every: int | None = None,
                  control: bool | None = None, jobs: int = 1, launcher: str = "local", dry_run: bool = False,
-                 rerun: bool = False, report: bool = True) -> int:  # fmt: skip
+                 rerun: bool = False, report: bool = True, runs: Path | None = None) -> int:  # fmt: skip
     """``rlx sweep --plan FILE`` -> the exit code (1 when a run failed: the same command tries it again)."""
     changes = {"design": "until_decided" if until_decided else None, "max_seeds": max_seeds, "every": every,
                "control": control}  # fmt: skip
     declared = study_plan.load(path, **changes)
     points = arm_points(declared)
     lower = declared.direction == "lower" if declared.direction else known_lower_is_better(declared.metric)
+    earlier = earlier_values(runs, declared)
+    if dry_run and earlier:
+        state = sequential.replay(earlier, declared, lower_is_better=lower)
+        say(state, declared)
+        todo = next_points(state, points, earlier)
+        print(f"{TITLE}: the next look, beside the {sum(map(len, earlier.values()))} runs in {runs}: {len(todo)} runs")
+        for point in todo:
+            print(f"  {point.arm} seed {point.seed}")
+        return 0
     if dry_run:
         first = [p for point in points.values() for p in seeded(point, range(declared.seeds), len(points))]
         print(f"{TITLE}: study '{declared.study}', {len(points)} arms, {study_plan.describe(declared)}; the first "
@@ -78,24 +119,32 @@ def plan_command(path: Path, *, until_decided: bool = False, max_seeds: int | No
     home = study_home(list(points.values()), declared.study)
     command = f"rlx sweep --plan {path}" + (" --until-decided" if until_decided else "")
     with driver_lock(home, declared.study):
-        declared = study_plan.declare(declared, home, git_sha())
+        declared = study_plan.declare(declared, home, git_sha(), carried=bool(earlier))
         record_plan(declared, home, command, jobs)
-        state = sequential.replay(plan_values(declared), declared, lower_is_better=lower)
+        state = sequential.replay(values(earlier, declared), declared, lower_is_better=lower)
         while not state.finished:
             say(state, declared)
-            todo = [p for arm, n in state.next_seeds.items() for p in seeded(points[arm], range(n), len(points))]
+            todo = next_points(state, points, earlier)
             code = launch(todo, declared.study, home, jobs=jobs, launcher=launcher, rerun=False, command=command,
                           title=TITLE)  # fmt: skip
             if code:
                 return code
-            before, state = state, sequential.replay(plan_values(declared), declared, lower_is_better=lower)
+            before, state = state, sequential.replay(values(earlier, declared), declared, lower_is_better=lower)
             if state.next_seeds == before.next_seeds and state.looks_done == before.looks_done:
                 raise UserError(f"study '{declared.study}': its runs FINISHED without {declared.metric} (valid: a "
                                 "metric every run logs, e.g. eval/accuracy_sampled)")  # fmt: skip
         say(state, declared)
     if report:
         print_table(declared.study, home, TITLE)
+    if earlier:
+        print(f"{TITLE}: the table above holds this store's runs; the earlier looks' are in {runs}")
     return 0
+
+
+def values(earlier: dict[str, dict[int, float]], declared: study_plan.StudyPlan) -> dict[str, dict[int, float]]:
+    """The runs of ``--runs`` and of this store (a seed run in both: this store's)."""
+    here = plan_values(declared)
+    return {arm: earlier.get(arm, {}) | here.get(arm, {}) for arm in {*earlier, *here}}
 
 
 def record_plan(declared: study_plan.StudyPlan, home: Path, command: str, jobs: int) -> None:

@@ -212,12 +212,14 @@ def stored(folder: Path) -> StudyPlan | None:
     return StudyPlan(**raw)
 
 
-def declare(plan: StudyPlan, folder: Path, commit: str) -> StudyPlan:
+def declare(plan: StudyPlan, folder: Path, commit: str, *, carried: bool = False) -> StudyPlan:
     """Store ``plan`` in the study's folder at its first launch; at a later one, the stored plan (refused if the
-    judging or the arms changed: a new plan is a new study)."""
+    judging or the arms changed: a new plan is a new study). ``carried``: the study's earlier runs come from another
+    store, so a stored copy (``plan`` with ``declared``) keeps when and at which commit it was first declared."""
     before = stored(folder)
     if before is None:
-        plan = replace(plan, declared=datetime.now().astimezone().isoformat(timespec="seconds"), commit=commit)
+        if not (carried and plan.declared):
+            plan = replace(plan, declared=datetime.now().astimezone().isoformat(timespec="seconds"), commit=commit)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / FILE).write_text(dumped(plan))
         return plan
