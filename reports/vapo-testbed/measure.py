@@ -320,8 +320,9 @@ def combine(args) -> None:
     """The study's per-run data over its looks (vapo-testbed.md, "Where it stands"): look 1's as committed
     (``table-look1-*``, ``table-samples-look1-*``) and the later seeds' as ``rlx report --out`` wrote them from the
     store that ran them (``--later T.md`` at steps, ``--later-samples T.md`` with ``--x samples``), their arms named
-    as the plan names them -> table-runs.csv, table-curves.csv, table-samples-runs.csv, table-samples-curves.csv; the
-    samples' curves gain each run's ``AUC of eval/accuracy`` (``compute_axis.area``) as a one-point curve."""
+    as the plan names them (a plain sweep's labels, ``vapo +ablate=X``, renamed) -> table-runs.csv, table-curves.csv,
+    table-samples-runs.csv, table-samples-curves.csv; the samples' curves gain each run's ``AUC of eval/accuracy``
+    (``compute_axis.area``) as a one-point curve."""
     from rlx_cli.studies import compute_axis, study_plan
     from rlx_cli.studies.arms import ablation_of
     from rlx_cli.studies.study import override_tokens
@@ -334,7 +335,7 @@ def combine(args) -> None:
         parts = {}
         for kind in ("runs", "curves"):
             old, new = (pd.read_csv(f"{stem}-{kind}.csv", dtype={"seed": str}) for stem in (earlier, later))
-            new["arm"] = [named[ablation_of(override_tokens(label))] for label in new.arm]
+            new["arm"] = [a if a in plan.arms else named[ablation_of(override_tokens(a))] for a in new.arm]
             clash = set(zip(old.arm, old.seed)) & set(zip(new.arm, new.seed))
             if clash:
                 raise SystemExit(f"{later}-{kind}.csv repeats look 1's runs {sorted(clash)}: export only the new seeds")
