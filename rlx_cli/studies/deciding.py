@@ -118,6 +118,7 @@ def plan_command(path: Path, *, until_decided: bool = False, max_seeds: int | No
         raise UserError("--rerun does not apply to a declared study (valid: a new study: change study: in the plan)")
     home = study_home(list(points.values()), declared.study)
     command = f"rlx sweep --plan {path}" + (" --until-decided" if until_decided else "")
+    command += f" --runs {runs}" if runs else ""  # the command that resumes it, recorded on the study's runs
     with driver_lock(home, declared.study):
         declared = study_plan.declare(declared, home, git_sha(), carried=bool(earlier))
         record_plan(declared, home, command, jobs)
