@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from warm import WARM, Started
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 REPO = Path(__file__).resolve().parents[1]
@@ -22,6 +23,16 @@ SHORT = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def environment_kept():
+    """Each test leaves ``os.environ`` as it found it: what its in-process runs set there (MLflow's
+    ``set_experiment`` sets ``MLFLOW_EXPERIMENT_ID``) does not reach a later test's ``rlx`` processes."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture
 def workdir(tmp_path, monkeypatch):
     """A fresh working directory with its own MLflow store."""
@@ -31,15 +42,9 @@ def workdir(tmp_path, monkeypatch):
 
 
 def rlx(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``rlx ARGS`` as a user runs it, in ``cwd``; never raises on a non-zero exit."""
-    return subprocess.run(
-        [sys.executable, "-m", "rlx_cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    """``rlx ARGS`` as a user runs it, in ``cwd``, a process of its own (forked from a warm interpreter where it
+    can be: ``warm.py``); never raises on a non-zero exit."""
+    return rlx_together(list(args), cwd=cwd, env=[env or {}], timeout=timeout)[0]
 
 
 def rlx_here(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -103,13 +108,29 @@ def rlx_together(
     take the time of one), in ``cwd`` (one folder, or one for each) with ``env``'s variables for each added; their
     results in order; never raises on a non-zero exit."""
     cwds = cwd if isinstance(cwd, list) else [cwd] * len(commands)
-    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     procs = [
-        subprocess.Popen([sys.executable, "-m", "rlx_cli", *args], cwd=folder, env={**os.environ, **more}, **pipes)
+        rlx_start(*args, cwd=folder, env=more)
         for args, folder, more in zip(commands, cwds, env or [{}] * len(commands), strict=True)
     ]
-    outs = [p.communicate(timeout=timeout) for p in procs]
+    outs = []
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=timeout))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
     return [subprocess.CompletedProcess(p.args, p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
+def rlx_start(*args: str, cwd: Path, env: dict | None = None, **popen) -> subprocess.Popen | Started:
+    """``rlx ARGS`` started in ``cwd`` with ``env``'s variables added, as ``subprocess.Popen`` would start it (text
+    output, captured unless ``popen`` says otherwise): forked from a warm interpreter where it can be (``warm.py``:
+    then its output is captured either way)."""
+    environ = {**os.environ, **(env or {})}
+    if started := WARM.start(list(args), cwd, environ):
+        return started
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) | popen
+    return subprocess.Popen([sys.executable, "-m", "rlx_cli", *args], cwd=cwd, env=environ, **pipes)
 
 
 def save_tiny_llama(path: Path, *, layers: int, heads: int, head_dim: int, tie: bool = False) -> Path:

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from contextlib import nullcontext
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import SHORT, rlx
+from conftest import SHORT, rlx, rlx_start
 from omegaconf import OmegaConf
 
 from rlx_cli.engine.batch import Rollout, position_ids
@@ -133,10 +132,9 @@ def carried_at(folder) -> bool:
 
 @pytest.mark.slow
 def test_sigkill_then_resume_keeps_the_carried_groups(workdir):
-    straight = subprocess.Popen([sys.executable, "-m", "rlx_cli", "train", *DAPO, "trainer.output_dir=straight"],
-                                cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "rlx_cli", "train", *DAPO, "trainer.output_dir=killed"],
-                            cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    straight = rlx_start("train", *DAPO, "trainer.output_dir=straight", cwd=workdir, stdout=subprocess.DEVNULL)
+    proc = rlx_start("train", *DAPO, "trainer.output_dir=killed", cwd=workdir, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)  # fmt: skip
     deadline, killed_at = time.monotonic() + 300, None
     while killed_at is None and proc.poll() is None and time.monotonic() < deadline:
         latest = checkpoint.latest(workdir / "killed")

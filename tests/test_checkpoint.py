@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import SHORT, mlflow_runs, rlx
+from conftest import SHORT, mlflow_runs, rlx, rlx_start
 
 from rlx_cli.loops import checkpoint
 
@@ -58,11 +58,9 @@ RESUMED = {
 def test_sigkill_then_resume_equals_an_uninterrupted_run(workdir, case):
     extra, stale = RESUMED[case], case == "lag-2"
     uninterrupted = [*STEPS, *extra, "trainer.output_dir=straight", "tracking.experiment=straight"]
-    straight = subprocess.Popen([sys.executable, "-m", "rlx_cli", "train", *uninterrupted], cwd=workdir,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    straight = rlx_start("train", *uninterrupted, cwd=workdir, stdout=subprocess.DEVNULL)
     killed = [*STEPS, *extra, "trainer.output_dir=killed", "tracking.experiment=killed"]
-    proc = subprocess.Popen([sys.executable, "-m", "rlx_cli", "train", *killed], cwd=workdir,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = rlx_start("train", *killed, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while checkpoint.latest(workdir / "killed") is None and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -9,13 +9,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import SHORT, mlflow_runs, rlx
+from conftest import SHORT, mlflow_runs, rlx, rlx_start
 from safetensors.torch import load_file
 from test_checkpoint import metric_history
 
@@ -69,8 +68,7 @@ def test_sigkill_then_resume_with_overlap_ends_where_the_sequential_run_ends(wor
     straight = rlx("train", *STALE, "trainer.output_dir=straight", "tracking.experiment=straight", cwd=workdir)
     assert straight.returncode == 0, straight.stderr[-3000:]
     killed = [*STALE, "rollout.overlap=true", "trainer.output_dir=killed", "tracking.experiment=killed"]
-    proc = subprocess.Popen([sys.executable, "-m", "rlx_cli", "train", *killed], cwd=workdir,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = rlx_start("train", *killed, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while checkpoint.latest(workdir / "killed") is None and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -96,8 +94,7 @@ def test_sigkill_then_resume_with_overlap_ends_where_the_sequential_run_ends(wor
 @pytest.mark.slow
 def test_a_dead_sampler_fails_the_run_instead_of_hanging_it(workdir):
     args = [*STALE, "rollout.overlap=true", "trainer.steps=500", "trainer.eval_every=0", "trainer.ckpt_every=0"]
-    proc = subprocess.Popen([sys.executable, "-m", "rlx_cli", "train", *args, "trainer.output_dir=out"], cwd=workdir,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = rlx_start("train", *args, "trainer.output_dir=out", cwd=workdir, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not (sampler := sampler_process(proc.pid)) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
