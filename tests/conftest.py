@@ -127,7 +127,7 @@ def rlx_start(*args: str, cwd: Path, env: dict | None = None, **popen) -> subpro
     output, captured unless ``popen`` says otherwise): forked from a warm interpreter where it can be (``warm.py``:
     then its output is captured either way)."""
     environ = {**os.environ, **(env or {})}
-    if started := WARM.start(list(args), cwd, environ):
+    if started := WARM.start(list(args), cwd, environ, session=popen.get("start_new_session", False)):
         return started
     pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) | popen
     return subprocess.Popen([sys.executable, "-m", "rlx_cli", *args], cwd=cwd, env=environ, **pipes)

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO, SHORT, mlflow_runs, save_tiny_llama
+from conftest import REPO, SHORT, mlflow_runs, rlx_start, save_tiny_llama
 from omegaconf import OmegaConf
 from test_overlap import STALE, gone, sampler_process
 
@@ -162,11 +162,9 @@ def test_the_sampler_process_scores_with_the_trainers_judge(workdir, monkeypatch
     assert sum(stages) == pytest.approx(final["perf/step_s"], rel=1e-6) and final["perf/generate_s"] > 0
 
 
-def start(workdir, args: list[str]) -> subprocess.Popen:
+def start(workdir, args: list[str]):
     """``rlx train ARGS`` in a session of its own (a terminal's Ctrl-C reaches its whole process group)."""
-    command = [sys.executable, "-m", "rlx_cli", "train", *args]
-    return subprocess.Popen(command, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    return rlx_start("train", *args, cwd=workdir, stdout=subprocess.DEVNULL, start_new_session=True)
 
 
 @pytest.mark.slow

@@ -37,6 +37,6 @@ def test_a_variable_read_at_run_time_reaches_the_warm_process(workdir):
     assert "Traceback" not in WARM.start(["train", "algo=nope"], workdir, dict(os.environ)).communicate(300)[1]
 
 
-@pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "PYTHONPATH", "RLX_INJECT_NAN"])
+@pytest.mark.parametrize("name", ["OMP_NUM_THREADS", "PYTHONPATH", "PYTHONHASHSEED"])
 def test_a_variable_read_at_start_up_gets_a_fresh_process(workdir, name):
     assert WARM.start(["ls", "advantage"], workdir, {**os.environ, name: "1"}) is None

@@ -5,7 +5,7 @@ of a short run's CPU time). Two warm interpreters take turns, each with its own 
 test compares do not share one; each forked process seeds NumPy's global generator from the OS, as a fresh one does
 (Python's ``random`` reseeds itself at a fork). A command starts the ordinary way instead when its environment
 differs from the warm one's in a variable read before ``main`` runs (``OMP_NUM_THREADS``, ``PYTHONPATH``,
-``RLX_INJECT_NAN``...), or when the warm interpreter's imports printed anything (a real start-up would show it; a
+``PYTHONHASHSEED``...), or when the warm interpreter's imports printed anything (a real start-up would show it; a
 fork would not) or left a Python thread running."""
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ import tempfile
 from pathlib import Path
 
 # read when a command runs, never at import: a warm interpreter may serve a command that sets them differently
-READ_AT_RUN_TIME = {"MLFLOW_TRACKING_URI", "PYTEST_CURRENT_TEST", "RLX_DEBUG", "RLX_HOME", "RLX_SUBMITIT_CLUSTER"}
+READ_AT_RUN_TIME = {
+    "MLFLOW_TRACKING_URI",
+    "PYTEST_CURRENT_TEST",
+    "RLX_DEBUG",
+    "RLX_HOME",
+    "RLX_INJECT_NAN",
+    "RLX_SUBMITIT_CLUSTER",
+}
 SERVE = r"""
 import json, os, sys, threading, warnings
 with warnings.catch_warnings(record=True) as shown:
@@ -54,6 +61,8 @@ def serve() -> dict:
 
 asked = serve()
 requests.close(), os.close(replies), os.close(quiet)
+if asked["session"]:
+    os.setsid()
 os.chdir(asked["cwd"])
 os.environ.clear()
 os.environ.update(asked["env"])
@@ -99,11 +108,11 @@ class Interpreter:
 class Started:
     """A command's process started by an :class:`Interpreter`, used as ``subprocess.Popen`` is (text output)."""
 
-    def __init__(self, by: Interpreter, args: list[str], cwd: Path, env: dict) -> None:
+    def __init__(self, by: Interpreter, args: list[str], cwd: Path, env: dict, session: bool) -> None:
         self.by, self.args, self.returncode = by, ["rlx", *args], None
         self.folder = Path(tempfile.mkdtemp(prefix="rlx-run-"))
         streams = {name: str(self.folder / name) for name in ("stdout", "stderr")}
-        self.pid = by.ask(op="start", args=args, cwd=str(cwd), env=env, **streams)["pid"]
+        self.pid = by.ask(op="start", args=args, cwd=str(cwd), env=env, session=session, **streams)["pid"]
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -144,8 +153,9 @@ class Warm:
         self.interpreters: list[Interpreter] = []
         self.turn = 0
 
-    def start(self, args: list[str], cwd: Path, env: dict) -> Started | None:
-        """``args``' process forked from a warm interpreter, or None where it must start the ordinary way."""
+    def start(self, args: list[str], cwd: Path, env: dict, session: bool = False) -> Started | None:
+        """``args``' process forked from a warm interpreter (in a session of its own if ``session``: a process group
+        whose id is its pid, as ``start_new_session`` gives), or None where it must start the ordinary way."""
         if not self.interpreters:
             base = {k: v for k, v in os.environ.items() if k not in READ_AT_RUN_TIME}
             self.interpreters = [Interpreter(base) for _ in range(2)]
@@ -155,7 +165,7 @@ class Warm:
         if not by.ready or differ - READ_AT_RUN_TIME:
             return None
         self.turn += 1
-        return Started(by, [str(a) for a in args], cwd, env)
+        return Started(by, [str(a) for a in args], cwd, env, session)
 
 
 WARM = Warm()

@@ -10,8 +10,6 @@ import torch
 from rlx_cli.engine import distributed
 from rlx_cli.loops.checkpoint import TrainState
 
-INJECT_NAN = os.environ.get("RLX_INJECT_NAN", "")
-
 
 class Diverged(RuntimeError):
     """More than ``trainer.max_skipped`` updates in a row had a non-finite loss or gradient."""
@@ -44,7 +42,7 @@ def count_update(state: TrainState, stepped: bool, max_skipped: int) -> None:
 
 def nan_injected(step: int) -> bool:
     """Test hook: ``RLX_INJECT_NAN=step:N`` makes the loss of RL step N NaN, ``from:N`` of N and every later
-    step, ``always`` of every step (read once, when this module is imported)."""
-    hook = INJECT_NAN
+    step, ``always`` of every step."""
+    hook = os.environ.get("RLX_INJECT_NAN", "")
     kind, _, n = hook.partition(":")
     return hook == "always" or (kind == "step" and step == int(n)) or (kind == "from" and step >= int(n))
