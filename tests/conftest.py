@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -21,6 +22,30 @@ SHORT = [
     "task.eval_size=20",
     "trainer.threads=1",
 ]
+
+
+def read_each_config_file_once() -> None:
+    """Hydra reads and parses every config file again at each compose (a ``CachingConfigRepository`` per call); the
+    suite's pytest processes compose about a thousand configs from files no test rewrites, so here each file is read
+    once a process and handed out as a deep copy (a compose may change what it gets). Hydra's private API: where it
+    changed, composes read the files as before."""
+    from hydra._internal import config_repository
+
+    repository = getattr(config_repository, "ConfigRepository", None)
+    if repository is None or not hasattr(repository, "load_config"):
+        return
+    load, loaded = repository.load_config, {}
+
+    def load_once(self, config_path: str):
+        key = (tuple(source.path for source in self.sources), config_path)
+        if key not in loaded:
+            loaded[key] = load(self, config_path)
+        return copy.deepcopy(loaded[key])
+
+    repository.load_config = load_once
+
+
+read_each_config_file_once()
 
 
 @pytest.fixture(autouse=True)
