@@ -87,10 +87,11 @@ class Interpreter:
                                      stderr=self.log, env=env, cwd=tempfile.gettempdir(), text=True)  # fmt: skip
         self.ready = self.reply()["ready"]
 
-    def ask(self, **request) -> dict:
+    def ask(self, timeout: float | None = None, **request) -> dict:
+        """The interpreter's answer to ``request``; TimeoutError after ``timeout`` s (the request stays asked)."""
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
-        return self.reply()
+        return self.reply(timeout)
 
     def reply(self, timeout: float | None = None) -> dict:
         if not select.select([self.proc.stdout], [], [], timeout)[0]:
@@ -121,10 +122,8 @@ class Started:
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            self.by.proc.stdin.write(json.dumps({"op": "wait", "pid": self.pid}) + "\n")
-            self.by.proc.stdin.flush()
             try:
-                self.returncode = self.by.reply(timeout)["returncode"]
+                self.returncode = self.by.ask(timeout, op="wait", pid=self.pid)["returncode"]
             except TimeoutError:
                 self.kill()
                 self.returncode = self.by.reply()["returncode"]
