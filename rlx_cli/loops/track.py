@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from rlx_cli.config.errors import UserError
 DEFAULT_URI = "sqlite:///mlflow.db"
 # Metrics go to the store in one batch at most this often: the store's work is mostly per batch and per metric key
 # (its latest value), so one batch of ten steps cost 39 ms against 109 ms for ten of one step (50 metrics, SQLite),
-# time that MLflow's logging thread took from the training loop (it holds Python's lock).
+# time that a logging thread takes from the training loop (it holds Python's lock).
 WRITE_EVERY_S = 2.0
 
 
@@ -87,8 +88,10 @@ class MlflowTracker:
         self.experiment, self.run_name = experiment, run_name
         self.run_id: str | None = None
         self.stored: dict[str, set[int]] = {}  # a resumed run's metric steps already in the store
-        self.pending: list = []  # metrics logged since the last hand-over to MLflow (mlflow.entities.Metric)
+        self.pending: list = []  # metrics logged since the last hand-over to the writer (mlflow.entities.Metric)
         self.handed_over = time.monotonic()
+        self.writer: ThreadPoolExecutor | None = None  # one thread that writes the handed-over batches, in order
+        self.writing: list[Future] = []  # batches handed over and not yet waited for
 
     def connect(self) -> None:
         """Open the store and the experiment; an unusable URI is the user's error, reported within seconds."""
@@ -137,8 +140,8 @@ class MlflowTracker:
             mlflow.log_artifact(str(path))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Kept, then handed to MLflow's logging thread in one batch every ``WRITE_EVERY_S`` seconds, which writes
-        it off the training loop; ``flush`` and ``end`` hand over the rest."""
+        """Kept, then handed to the writer thread in one batch every ``WRITE_EVERY_S`` seconds, which writes it off
+        the training loop; ``flush`` and ``end`` hand over the rest."""
         from mlflow.entities import Metric
 
         if self.stored:
@@ -149,22 +152,38 @@ class MlflowTracker:
             self.hand_over()
 
     def hand_over(self) -> None:
-        """The kept metrics to MLflow's logging thread, in batches of at most MLflow's 1,000."""
-        client = self.mlflow.MlflowClient()
-        for start in range(0, len(self.pending), 1000):
-            client.log_batch(self.run_id, metrics=self.pending[start : start + 1000], synchronous=False)
+        """The kept metrics to the writer thread.
+
+        Not MLflow's own asynchronous logging: its thread looks at its queue once a second, and its flush stops and
+        restarts that thread, so each flush (a checkpoint, the run's end) and the process's exit waited up to a
+        second for nothing (about 2 s of a short run's wall time)."""
+        if self.pending:
+            self.writer = self.writer or ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlx-metrics")
+            self.writing.append(self.writer.submit(self.write, self.pending))
         self.pending, self.handed_over = [], time.monotonic()
 
+    def write(self, metrics: list) -> None:
+        """Into the store now, in batches of at most MLflow's 1,000."""
+        client = self.mlflow.MlflowClient()
+        for start in range(0, len(metrics), 1000):
+            client.log_batch(self.run_id, metrics=metrics[start : start + 1000])
+
     def flush(self) -> None:
-        """Block until every metric logged so far is in the store (before a checkpoint: a resume relies on it)."""
+        """Block until every metric logged so far is in the store (before a checkpoint: a resume relies on it); a
+        write that failed raises here."""
         self.hand_over()
-        self.mlflow.flush_async_logging()
+        writing, self.writing = self.writing, []
+        for batch in writing:
+            batch.result()
 
     def log_artifact(self, path: Path) -> None:
         self.mlflow.log_artifact(str(path))
 
     def end(self, status: str, error: str | None = None) -> None:
         self.flush()  # every queued metric is in the store before the run is closed
+        if self.writer:
+            self.writer.shutdown()
+            self.writer = None
         if error:
             self.mlflow.set_tag("rlx.error", error[:5000])
         self.mlflow.end_run(status=status)
@@ -174,7 +193,9 @@ class MlflowTracker:
         started) ends KILLED: MLflow's own exit hook, which runs after this one, would end it FINISHED, and a
         study would then take a half-done run for a finished one."""
         if self.mlflow.active_run() is not None:
-            self.hand_over()  # the metrics of the steps it did
+            for batch in self.writing:  # the metrics of the steps it did; the writer thread has stopped by now
+                batch.exception()
+            self.write(self.pending)
             self.mlflow.end_run(status="KILLED")
 
 
