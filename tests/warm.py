@@ -43,6 +43,8 @@ os.dup2(quiet, 0), os.dup2(quiet, 1)
 threads = threading.active_count()  # Python's; the native pools of OpenBLAS and jemalloc stop and restart at a fork
 printed = os.fstat(2).st_size
 os.write(replies, (json.dumps({"ready": not shown and threads == 1 and printed == 0}) + "\n").encode())
+import gc
+gc.freeze()  # the imports' objects: no collection in a forked process writes to (and so copies) their pages
 
 
 def serve() -> dict:
@@ -72,7 +74,7 @@ sys.path[0] = os.getcwd()  # as python -m puts it
 import numpy
 numpy.random.seed()  # from the OS, as a fresh process seeds it (Python's random reseeds itself at a fork)
 sys.argv = ["-m", *asked["args"]]
-del json, os, sys, numpy, warnings, threading, shown, requests, replies, quiet, threads, printed, serve, asked
+del gc, json, os, sys, numpy, warnings, threading, shown, requests, replies, quiet, threads, printed, serve, asked
 import runpy
 runpy._run_module_as_main("rlx_cli")
 """
