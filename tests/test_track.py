@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from omegaconf import OmegaConf
 
 from rlx_cli.loops.track import MlflowTracker
@@ -49,7 +50,6 @@ def test_a_flush_never_waits_for_mlflows_once_a_second_logging_thread(tmp_path, 
 
 def test_a_write_that_failed_is_raised_by_the_next_flush(tmp_path, monkeypatch):
     import mlflow
-    import pytest
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     tracker = MlflowTracker("failing", "run")

@@ -91,7 +91,7 @@ class MlflowTracker:
         self.pending: list = []  # metrics logged since the last hand-over to the writer (mlflow.entities.Metric)
         self.handed_over = time.monotonic()
         self.writer: ThreadPoolExecutor | None = None  # one thread that writes the handed-over batches, in order
-        self.writing: list[Future] = []  # batches handed over and not yet waited for
+        self.writing: list[Future] = []  # batches handed over: those not yet written, and any that failed
 
     def connect(self) -> None:
         """Open the store and the experiment; an unusable URI is the user's error, reported within seconds."""
@@ -157,6 +157,7 @@ class MlflowTracker:
         Not MLflow's own asynchronous logging: its thread looks at its queue once a second, and its flush stops and
         restarts that thread, so each flush (a checkpoint, the run's end) and the process's exit waited up to a
         second for nothing (about 2 s of a short run's wall time)."""
+        self.writing = [batch for batch in self.writing if not batch.done() or batch.exception()]  # a failed one stays
         if self.pending:
             self.writer = self.writer or ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlx-metrics")
             self.writing.append(self.writer.submit(self.write, self.pending))
